@@ -1,0 +1,50 @@
+# `make run` and `make test` set up everything they need on a fresh Debian machine.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+APT_PACKAGES := redis-server redis-tools ruby ruby-redis
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+PORT ?= 6380
+PYTEST_ARGS ?=
+
+.PHONY: run test venv system-packages lint typecheck pytest bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+venv: $(STAMP)
+
+# The tests drive real redis-server, redis-cli and redis-rb: install them when missing.
+system-packages:
+	@if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null \
+	    || ! command -v redis-benchmark >/dev/null \
+	    || ! ruby -e 'require "redis"' >/dev/null 2>&1; then \
+	  echo "installing Debian packages: $(APT_PACKAGES)"; \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $(APT_PACKAGES); \
+	fi
+
+run: venv
+	$(BIN)/python -m gateway.devrun --port $(PORT)
+
+lint: venv
+	$(BIN)/ruff check gateway backends tests e2e bench
+	$(BIN)/ruff format --check gateway backends tests e2e bench
+
+typecheck: venv
+	$(BIN)/mypy
+
+pytest: venv system-packages
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+test: system-packages venv lint typecheck pytest
+
+bench: venv system-packages
+	$(BIN)/python bench/run.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

