@@ -1,0 +1,126 @@
+"""Start real processes for the end-to-end tests: a rafka gateway on a Tansu broker."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from backends.kafka.tansu import free_port
+
+RAFKA = Path(sys.executable).parent / "rafka"
+REPO = Path(__file__).resolve().parent.parent
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, message: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s: {message}")
+        time.sleep(0.02)
+
+
+def gateway_config(bootstrap: str) -> dict[str, dict[str, object]]:
+    """Rafka's test configuration (spec §8.2), adapted to modern librdkafka and Tansu."""
+    return {
+        "general": {
+            "bootstrap.servers": bootstrap,
+            "session.timeout.ms": 2000,
+            "heartbeat.interval.ms": 500,
+            "log_level": 0,
+        },
+        "consumer": {
+            "go.events.channel.enable": False,
+            "go.application.rebalance.enable": False,
+            "enable.auto.commit": True,
+            "auto.commit.interval.ms": 500,
+            "enable.auto.offset.store": False,
+            "auto.offset.reset": "earliest",
+        },
+        "producer": {
+            "go.delivery.reports": True,
+            "queue.buffering.max.ms": 0,
+            "allow.auto.create.topics": False,
+            "topic.metadata.propagation.max.ms": 200,
+        },
+    }
+
+
+def create_topic(bootstrap: str, partitions: int = 4) -> str:
+    name = f"r-{uuid.uuid4().hex[:6]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    futures = admin.create_topics([NewTopic(name, num_partitions=partitions)])
+    futures[name].result(timeout=10)
+    return name
+
+
+def port_answers_ping(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(16) == b"+PONG\r\n"
+    except OSError:
+        return False
+
+
+class RafkaProcess:
+    """`rafka -c <file> -p <port>` as a child process, stopped with SIGTERM."""
+
+    def __init__(self, config_path: Path, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.config_path = config_path
+        self.process: subprocess.Popen[bytes] | None = None
+        self.stderr_path = config_path.with_suffix(".stderr")
+
+    def start(self) -> None:
+        with self.stderr_path.open("wb") as stderr:
+            self.process = subprocess.Popen(
+                [
+                    str(RAFKA),
+                    "-c",
+                    str(self.config_path),
+                    "--host",
+                    "127.0.0.1",
+                    "-p",
+                    str(self.port),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+                cwd=REPO,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+        wait_until(
+            lambda: port_answers_ping(self.port) or self.process.poll() is not None,
+            20,
+            f"rafka did not answer PING on port {self.port}",
+        )
+        assert self.process.poll() is None, f"rafka exited at start: {self.stderr()}"
+
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(errors="replace")
+
+    def terminate(self, timeout: float = 30) -> int:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise AssertionError(
+                f"rafka did not exit within {timeout}s of SIGTERM: {self.stderr()}"
+            ) from None
+
+
+def write_config(path: Path, bootstrap: str) -> Path:
+    path.write_text(json.dumps(gateway_config(bootstrap), indent=2))
+    return path
