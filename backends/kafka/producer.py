@@ -1,0 +1,183 @@
+"""One librdkafka producer per process, with per-session delivery accounting.
+
+Rafka made one producer per connection; a single shared producer batches better and
+costs one set of broker connections. Each session gets a `ProducerHandle` that counts
+its own records through per-message delivery callbacks, so DUMP waits only for them.
+A thread owned by `SharedProducer` serves the callbacks (`poll`); a handle's flush is
+woken from that thread with `call_soon_threadsafe` the moment its count reaches 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import structlog
+from confluent_kafka import KafkaError, KafkaException, Message
+from confluent_kafka import Producer as RdProducer
+
+from backends.base import ProduceError, Producer, ProducerCreationError, Stats
+from backends.kafka.texts import creation_error_text, error_text, redacted
+
+log = structlog.get_logger("rafka.kafka.producer")
+
+QUEUE_FULL = str(KafkaError(KafkaError._QUEUE_FULL).str())  # "Local: Queue full"
+POLL_INTERVAL = 0.1  # seconds; poll() returns at once when a callback is due
+CLOSED = "Producer closed"
+# Client-level events that are noise rather than trouble (Rafka 0.6.2, PR #90).
+_IGNORED_EVENT = "Connection reset by peer"
+_VALUE_PREVIEW = 64  # bytes of a failed record's value shown in the log
+
+
+class SharedProducer:
+    """The process-wide librdkafka producer and the thread that serves its callbacks."""
+
+    def __init__(self, config: Mapping[str, str], stats: Stats) -> None:
+        self._stats = stats
+        conf: dict[str, Any] = {**config, "error_cb": self._on_error}
+        try:
+            self.rd = RdProducer(conf)
+        except Exception as exc:  # librdkafka rejects names and values here
+            raise ProducerCreationError(creation_error_text(exc)) from exc
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(
+            target=self._serve, name="rafka-kafka-producer-poll", daemon=True
+        )
+        self._thread.start()
+        log.info("producer started", config=redacted(config))
+
+    def _serve(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                self.rd.poll(POLL_INTERVAL)
+            except Exception:  # a callback raised: keep serving the others
+                log.exception("producer poll failed")
+
+    def _on_error(self, error: KafkaError) -> None:
+        text = error.str()
+        if _IGNORED_EVENT in text:
+            return
+        self._stats.incr(Stats.UNKNOWN_EVENTS)
+        log.warning("Error consuming delivery event: Unknown event type", error=text)
+
+    async def close(self, timeout: float) -> int:
+        """Stop the poll thread, deliver what can be delivered within `timeout`, close.
+
+        Returns the number of records abandoned (purged) at the end.
+        """
+        self._stopping.set()
+        return await asyncio.to_thread(self._close_blocking, timeout)
+
+    def _close_blocking(self, timeout: float) -> int:
+        self._thread.join()
+        left: int = self.rd.flush(max(timeout, 0.0))
+        if left:
+            # Fail what could not be delivered so that close() cannot hang on it;
+            # the purge reports reach the handles as delivery errors.
+            self.rd.purge(in_queue=True, in_flight=True)
+            self.rd.flush(0)
+            log.warning("Error flushing: unflushed events", unflushed=left)
+        self.rd.close()
+        log.info("producer closed")
+        return left
+
+
+class ProducerHandle(Producer):
+    """One session's view of the shared producer: its own outstanding count."""
+
+    def __init__(self, shared: SharedProducer, stats: Stats, session_id: str) -> None:
+        self._shared = shared
+        self._stats = stats
+        self._session_id = session_id
+        self._lock = threading.Lock()
+        self._outstanding = 0
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        self._closed = False
+        # One bound method for every record, not a new one per produce().
+        self._delivery_cb = self._on_delivery
+
+    def produce(self, topic: str, key: bytes | None, value: bytes) -> None:
+        if self._closed:
+            raise ProduceError(CLOSED)
+        with self._lock:  # count first: the poll thread may deliver before we return
+            self._outstanding += 1
+        try:
+            self._shared.rd.produce(topic, value, key, on_delivery=self._delivery_cb)
+        except BufferError:
+            self._uncount()
+            raise ProduceError(QUEUE_FULL) from None
+        except KafkaException as exc:
+            self._uncount()
+            raise ProduceError(error_text(exc)) from None
+        except (TypeError, ValueError) as exc:
+            self._uncount()
+            raise ProduceError(str(exc)) from None
+        self._stats.incr(Stats.PRODUCED)
+
+    def _uncount(self) -> None:
+        with self._lock:
+            self._outstanding -= 1
+
+    def outstanding(self) -> int:
+        with self._lock:
+            return self._outstanding
+
+    def _on_delivery(self, error: KafkaError | None, message: Message) -> None:
+        """Runs on the producer's poll thread (or a flushing thread)."""
+        if error is None:
+            self._stats.incr(Stats.DELIVERED)
+        else:
+            self._stats.incr(Stats.DELIVERY_ERRORS)
+            value = message.value() or b""
+            log.warning(
+                "Error delivering record",
+                session=self._session_id,
+                topic=message.topic(),
+                value=value[:_VALUE_PREVIEW],
+                error=error.str(),
+            )
+        with self._lock:
+            self._outstanding -= 1
+            if self._outstanding or not self._waiters:
+                return
+            waiters, self._waiters = self._waiters, []
+        for loop, future in waiters:
+            # RuntimeError: that loop is closed, so nobody is waiting any more.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_wake, future)
+
+    async def flush(self, timeout: float) -> int:
+        if timeout <= 0:
+            return self.outstanding()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        with self._lock:
+            if not self._outstanding:
+                return 0
+            waiter = (loop, future)
+            self._waiters.append(waiter)
+        try:
+            await asyncio.wait((future,), timeout=timeout)
+        finally:
+            with self._lock:
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
+        return self.outstanding()
+
+    async def close(self, timeout: float) -> int:
+        if self._closed:
+            return 0
+        self._closed = True
+        left = await self.flush(timeout)
+        if left:
+            self._stats.incr(Stats.UNFLUSHED, left)
+            log.warning("unflushed records at producer close", session=self._session_id, left=left)
+        return left
+
+
+def _wake(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)

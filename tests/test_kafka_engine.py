@@ -1,0 +1,541 @@
+"""The Kafka engine against a real Tansu broker (the session fixture `tansu`).
+
+Group joins cost half of session.timeout.ms on Tansu (about 1 s here), so tests reuse
+their consumers and start the ones that are independent concurrently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, ParamSpec
+
+import pytest
+from confluent_kafka import Producer as RawProducer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from backends.base import (
+    AckError,
+    ConsumeError,
+    ConsumerCreationError,
+    MetadataError,
+    ProduceError,
+    ProducerCreationError,
+    Record,
+    Stats,
+)
+from backends.kafka.consumer import KafkaConsumer
+from backends.kafka.engine import KafkaEngine
+from backends.kafka.tansu import TansuBroker, free_port
+
+pytestmark = pytest.mark.kafka
+
+P = ParamSpec("P")
+
+# The original's test configuration (spec §8.2), adapted to Tansu and modern librdkafka.
+CONSUMER = {
+    "session.timeout.ms": "2000",
+    "heartbeat.interval.ms": "500",
+    "enable.auto.commit": "true",
+    "auto.commit.interval.ms": "1000",
+    "enable.auto.offset.store": "false",
+    "auto.offset.reset": "earliest",
+    "log_level": "3",
+}
+PRODUCER = {
+    "queue.buffering.max.ms": "0",
+    # Unknown topics must fail, and quickly (spec §15.2).
+    "allow.auto.create.topics": "false",
+    "topic.metadata.propagation.max.ms": "200",
+    "log_level": "3",
+}
+WAIT = 10.0  # seconds: the bound of every wait for something that should happen
+
+
+def asyncio_test(test: Callable[P, Coroutine[Any, Any, None]]) -> Callable[P, None]:
+    """Run an async test on a fresh event loop (pytest sees the original signature)."""
+
+    @functools.wraps(test)
+    def run(*args: P.args, **kwargs: P.kwargs) -> None:
+        asyncio.run(test(*args, **kwargs))
+
+    return run
+
+
+def new_topic(broker: TansuBroker, partitions: int = 4) -> str:
+    name = f"r-{uuid.uuid4().hex[:6]}"
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    for future in admin.create_topics([NewTopic(name, partitions, 1)]).values():
+        future.result(timeout=WAIT)
+    return name
+
+
+def new_group() -> str:
+    return f"g-{uuid.uuid4().hex[:6]}"
+
+
+@asynccontextmanager
+async def running_engine(
+    bootstrap: str,
+    producer: dict[str, str] | None = None,
+    consumer: dict[str, str] | None = None,
+    metadata_timeout: float = 5.0,
+) -> AsyncIterator[KafkaEngine]:
+    engine = KafkaEngine(
+        Stats(),
+        {**CONSUMER, "bootstrap.servers": bootstrap, **(consumer or {})},
+        {**PRODUCER, "bootstrap.servers": bootstrap, **(producer or {})},
+        metadata_timeout=metadata_timeout,
+    )
+    await engine.start()
+    try:
+        yield engine
+    finally:
+        await engine.stop()
+
+
+async def consume(consumer: KafkaConsumer, count: int, ack: bool = False) -> list[Record]:
+    """`count` records within WAIT seconds, acked if asked; fails saying what arrived."""
+    records: list[Record] = []
+    deadline = time.monotonic() + WAIT
+    while len(records) < count:
+        remaining = deadline - time.monotonic()
+        record = await consumer.next(remaining) if remaining > 0 else None
+        if record is None:
+            got = [r.value for r in records]
+            pytest.fail(f"expected {count} records within {WAIT}s, got {len(got)}: {got}")
+        if ack:
+            consumer.ack(record.topic, record.partition, record.offset)
+        records.append(record)
+    return records
+
+
+async def wait_until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what} did not happen within {WAIT}s")
+        await asyncio.sleep(0.02)
+
+
+def hold_loop_until(condition: Callable[[], bool]) -> None:
+    """Block the event loop thread (on purpose) until another thread makes `condition` true.
+
+    Lets a test act between a worker thread's result and the loop's noticing it.
+    """
+    deadline = time.monotonic() + WAIT
+    while not condition():
+        assert time.monotonic() < deadline, f"no progress within {WAIT}s"
+        time.sleep(0.001)
+
+
+def rafka_threads() -> set[str]:
+    return {t.name for t in threading.enumerate() if t.name.startswith("rafka-")}
+
+
+async def timed(awaitable: Awaitable[Any]) -> tuple[Any, float]:
+    start = time.monotonic()
+    result = await awaitable
+    return result, time.monotonic() - start
+
+
+# --- metadata -------------------------------------------------------------------------
+
+
+@asyncio_test
+async def test_topics_lists_a_created_topic(tansu: TansuBroker) -> None:
+    topic = new_topic(tansu)
+    async with running_engine(tansu.bootstrap) as engine:
+        assert topic in await engine.topics()
+
+
+@asyncio_test
+async def test_unreachable_broker_gives_metadata_error_and_counts_unknown_events() -> None:
+    async with running_engine(f"127.0.0.1:{free_port()}", metadata_timeout=0.3) as engine:
+        with pytest.raises(MetadataError) as failure:
+            await engine.topics()
+        # librdkafka's own text, without confluent-kafka's "Failed to get metadata: ".
+        assert str(failure.value).startswith("Local: "), str(failure.value)
+        # "Connect ... failed: Connection refused" / "all brokers down" reach error_cb.
+        await wait_until(
+            lambda: engine.stats.get(Stats.UNKNOWN_EVENTS) >= 1, "an unknown producer event"
+        )
+
+
+# --- producing ------------------------------------------------------------------------
+
+
+@asyncio_test
+async def test_flush_waits_only_for_the_handles_own_records(tansu: TansuBroker) -> None:
+    topic = new_topic(tansu)
+    missing = f"r-missing-{uuid.uuid4().hex[:6]}"
+    # A record for a missing topic stays outstanding until librdkafka gives up on the
+    # topic: 1.5 s here, long enough to show that the other handle does not wait for it.
+    slow = {"topic.metadata.propagation.max.ms": "1500"}
+    async with running_engine(tansu.bootstrap, producer=slow) as engine:
+        stuck, quick = engine.producer("stuck"), engine.producer("quick")
+        leaving = engine.producer("leaving")
+        stuck.produce(missing, None, b"lost")
+        leaving.produce(missing, b"k", b"v")
+        for i in range(5):
+            quick.produce(topic, None, f"v{i}".encode())
+
+        # Closing with records still in flight reports and counts them as unflushed.
+        assert await leaving.close(0) == 1
+        assert engine.stats.get(Stats.UNFLUSHED) == 1
+        assert await leaving.close(5) == 0, "a second close returns 0 at once"
+        with pytest.raises(ProduceError):
+            leaving.produce(topic, None, b"after close")
+
+        left, elapsed = await timed(quick.flush(5))
+        assert left == 0
+        assert elapsed < 1.0, f"flush waited {elapsed:.2f}s, for records not its own?"
+        assert stuck.outstanding() == 1
+        assert await stuck.flush(0) == 1, "a flush with timeout 0 must not wait"
+        assert engine.stats.get(Stats.DELIVERED) == 5
+
+        # The delivery failure ends the wait: DUMP answers 0 (done, not succeeded).
+        left, elapsed = await timed(stuck.flush(WAIT))
+        assert left == 0
+        assert elapsed < 5, f"flush did not return when the last record failed ({elapsed:.1f}s)"
+        await wait_until(
+            lambda: engine.stats.get(Stats.DELIVERY_ERRORS) == 2, "two delivery errors"
+        )
+
+        # Now librdkafka knows the topic is missing: refused at once (spec E6).
+        with pytest.raises(ProduceError) as refused:
+            stuck.produce(missing, None, b"again")
+        assert str(refused.value) == "Local: Unknown topic"
+        assert stuck.outstanding() == 0, "a refused record must not count as outstanding"
+        assert engine.stats.get(Stats.PRODUCED) == 7
+        assert engine.stats.get(Stats.UNFLUSHED) == 1, "only close() counts unflushed"
+        await quick.close(5)
+        await stuck.close(5)
+
+
+@asyncio_test
+async def test_unknown_topic_first_produce_is_a_delivery_error(tansu: TansuBroker) -> None:
+    async with running_engine(tansu.bootstrap) as engine:
+        handle = engine.producer("s")
+        handle.produce("idontexist", None, b"x")  # accepted: the topic is not known yet
+        assert await handle.flush(WAIT) == 0
+        assert engine.stats.get(Stats.DELIVERY_ERRORS) == 1
+        assert engine.stats.get(Stats.DELIVERED) == 0
+        with pytest.raises(ProduceError, match=r"^Local: Unknown topic$"):
+            handle.produce("idontexist", None, b"x")
+        assert "idontexist" not in await engine.topics(), "the topic was auto-created"
+
+
+@asyncio_test
+async def test_produce_is_refused_at_once_with_librdkafkas_text(tansu: TansuBroker) -> None:
+    topic = new_topic(tansu)
+    async with running_engine(tansu.bootstrap) as engine:
+        handle = engine.producer("s")
+        with pytest.raises(ProduceError) as too_big:
+            handle.produce(topic, None, b"x" * 2_000_000)  # message.max.bytes is ~1 MB
+        assert str(too_big.value) == "Broker: Message size too large"
+        assert handle.outstanding() == 0
+    # A queue of one record that lingers: the second record does not fit.
+    tiny = {"queue.buffering.max.messages": "1", "queue.buffering.max.ms": "10000"}
+    async with running_engine(tansu.bootstrap, producer=tiny) as engine:
+        handle = engine.producer("s")
+        handle.produce(topic, None, b"first")
+        with pytest.raises(ProduceError) as full:
+            handle.produce(topic, None, b"second")
+        assert str(full.value) == "Local: Queue full"
+        assert handle.outstanding() == 1
+        assert engine.stats.get(Stats.PRODUCED) == 1
+
+
+@asyncio_test
+async def test_bad_producer_config_raises_and_the_next_call_tries_again(
+    tansu: TansuBroker, tmp_path: Path
+) -> None:
+    async with running_engine(tansu.bootstrap, producer={"foo": "bar"}) as engine:
+        with pytest.raises(ProducerCreationError) as failure:
+            engine.producer("s")
+        assert str(failure.value) == 'No such configuration property: "foo"'
+        with pytest.raises(ProducerCreationError):
+            await engine.topics()  # KEYS needs the producer too
+
+    # A failure that goes away: the CA directory does not exist yet. The broker address
+    # is a closed port, since TLS against Tansu's plain listener would only add noise.
+    ca_dir = tmp_path / "ca"
+    tls = {"security.protocol": "ssl", "ssl.ca.location": str(ca_dir)}
+    async with running_engine(f"127.0.0.1:{free_port()}", producer=tls) as engine:
+        with pytest.raises(ProducerCreationError, match=r"ssl\.ca\.location"):
+            engine.producer("s")
+        ca_dir.mkdir()
+        handle = engine.producer("s")  # not cached as failed: created now
+        assert handle.outstanding() == 0
+        assert engine.producer("t") is not handle
+
+
+# --- consuming ------------------------------------------------------------------------
+
+
+@asyncio_test
+async def test_keyed_records_land_on_one_partition_and_all_are_consumed(
+    tansu: TansuBroker,
+) -> None:
+    topic = new_topic(tansu)
+    before = rafka_threads()
+    async with running_engine(tansu.bootstrap) as engine:
+        handle = engine.producer("s")
+        keyed = {f"k{i}".encode() for i in range(30)}
+        plain = {f"p{i}".encode() for i in range(10)}
+        for value in sorted(keyed):
+            handle.produce(topic, b"foo", value)
+        for value in sorted(plain):
+            handle.produce(topic, None, value)
+        assert await handle.flush(WAIT) == 0
+
+        consumer = await engine.consumer(new_group(), "c1", [topic], {})
+        records = await consume(consumer, 40)
+        assert {r.value for r in records} == keyed | plain
+        assert len(records) == 40, "a record was delivered twice"
+        assert {r.partition for r in records if r.key == b"foo"} == {
+            next(r.partition for r in records if r.key == b"foo")
+        }, "equal keys must map to one partition"
+        assert all(r.topic == topic and r.timestamp_ms for r in records)
+        stats = engine.stats
+        assert stats.get(Stats.PRODUCED) == stats.get(Stats.DELIVERED) == 40
+        assert stats.get(Stats.CONSUMED) == 40
+
+        first = records[0]
+        consumer.ack(first.topic, first.partition, first.offset)
+        assert stats.get(Stats.ACKED) == 1
+        with pytest.raises(AckError) as refused:
+            consumer.ack(topic, 99, 0)  # no such partition, so not assigned
+        assert str(refused.value) == "Local: Erroneous state"  # librdkafka >= 1.9 (§15.2)
+        assert stats.get(Stats.ACKED) == 1
+
+        await consumer.close()
+        await consumer.close()  # idempotent
+        assert stats.get(Stats.COMMITTED) >= 1, "close did not commit the acked offset"
+        with pytest.raises(AckError, match="Consumer closed"):
+            consumer.ack(first.topic, first.partition, first.offset)
+        assert await consumer.next(None) is None, "a closed consumer returns nothing"
+        assert await handle.close(1) == 0
+    assert rafka_threads() == before, "a consumer or producer thread was left running"
+
+
+@asyncio_test
+async def test_acks_are_committed_on_close_and_unacked_records_come_back(
+    tansu: TansuBroker,
+) -> None:
+    topic = new_topic(tansu, partitions=1)
+    group = new_group()
+    async with running_engine(tansu.bootstrap) as engine:
+        handle = engine.producer("s")
+        handle.produce(topic, None, b"foo")
+        assert await handle.flush(WAIT) == 0
+
+        # group.id and client.id from the session win over the client's JSON.
+        first = await engine.consumer(group, "c1", [topic], {"group.id": "not-the-group"})
+        [foo] = await consume(first, 1, ack=True)
+        assert (foo.value, foo.offset) == (b"foo", 0)
+        await first.close()
+        assert engine.stats.get(Stats.COMMITTED) == 1
+
+        handle.produce(topic, None, b"bar")
+        assert await handle.flush(WAIT) == 0
+        # A new member of the group resumes after the acked offset (spec E7); another
+        # group gets every record from the start.
+        second, other = await asyncio.gather(
+            engine.consumer(group, "c2", [topic], {}),
+            engine.consumer(new_group(), "c3", [topic], {}),
+        )
+        [bar] = await consume(second, 1)  # not acked
+        assert (bar.value, bar.offset) == (b"bar", 1)
+        assert [r.value for r in await consume(other, 2)] == [b"foo", b"bar"]
+        await asyncio.gather(second.close(), other.close())
+
+        # `bar` was never acked: the group delivers it again, and only it (spec E13).
+        third = await engine.consumer(group, "c4", [topic], {})
+        [again] = await consume(third, 1)
+        assert (again.value, again.offset) == (b"bar", 1)
+        assert await third.next(0.3) is None
+        await third.close()
+        await handle.close(1)
+
+
+@asyncio_test
+async def test_two_members_of_a_group_share_partitions_without_loss(
+    tansu: TansuBroker,
+) -> None:
+    topic = new_topic(tansu)
+    raw = RawProducer({"bootstrap.servers": tansu.bootstrap, "queue.buffering.max.ms": "0"})
+    produced: set[bytes] = set()
+
+    def one_per_partition(tag: str) -> None:
+        for partition in range(4):
+            value = f"{tag}-p{partition}".encode()
+            raw.produce(topic, value, partition=partition)
+            produced.add(value)
+        assert raw.flush(WAIT) == 0
+
+    group = new_group()
+    seen: dict[str, list[bytes]] = {"c1": [], "c2": []}
+
+    async def take(name: str, consumer: KafkaConsumer, timeout: float) -> None:
+        record = await consumer.next(timeout)
+        if record is not None:
+            consumer.ack(record.topic, record.partition, record.offset)
+            assert record.value is not None
+            seen[name].append(record.value)
+
+    async with running_engine(tansu.bootstrap) as engine:
+        one_per_partition("warmup")
+        c1 = await engine.consumer(group, "c1", [topic], {})
+        await take("c1", c1, WAIT)  # c1 has joined and owns every partition
+        c2 = await engine.consumer(group, "c2", [topic], {})
+        # Both poll (a rebalance needs c1 to poll too) while records keep coming, until
+        # the rebalance has given c2 partitions of its own.
+        deadline = time.monotonic() + 2 * WAIT
+        round_ = 0
+        while not seen["c2"]:
+            assert time.monotonic() < deadline, f"c2 never got a partition: {seen}"
+            one_per_partition(f"round{round_}")
+            round_ += 1
+            await asyncio.gather(take("c1", c1, 0.3), take("c2", c2, 0.3))
+        while len(set(seen["c1"]) | set(seen["c2"])) < len(produced):
+            lost = produced - set(seen["c1"]) - set(seen["c2"])
+            assert time.monotonic() < deadline, f"records lost: {sorted(lost)}"
+            await asyncio.gather(take("c1", c1, 0.2), take("c2", c2, 0.2))
+        assert set(seen["c1"]) | set(seen["c2"]) == produced
+        assert seen["c1"] and seen["c2"]
+        # Acked records can only come back if a rebalance raced a commit (spec E8).
+        duplicates = len(seen["c1"]) + len(seen["c2"]) - len(produced)
+        assert duplicates <= 4, f"{duplicates} records delivered twice: {seen}"
+        await asyncio.gather(c1.close(), c2.close())
+
+
+@asyncio_test
+async def test_consumer_overrides_apply_and_bad_ones_fail_creation(tansu: TansuBroker) -> None:
+    topic = new_topic(tansu, partitions=1)
+    async with running_engine(tansu.bootstrap) as engine:
+        handle = engine.producer("s")
+        handle.produce(topic, None, b"foo")
+        assert await handle.flush(WAIT) == 0
+
+        for overrides, text in [
+            ({"foo": "bar"}, 'No such configuration property: "foo"'),
+            (
+                {"session.timeout.ms": "true"},
+                'Invalid value for configuration property "session.timeout.ms"',
+            ),
+        ]:
+            with pytest.raises(ConsumerCreationError) as failure:
+                await engine.consumer(new_group(), "bad", [topic], overrides)
+            assert str(failure.value) == text
+        with pytest.raises(ConsumerCreationError, match="subscription"):
+            await engine.consumer(new_group(), "bad", ["^["], {})  # an invalid regex
+
+        # The server says earliest; this client says latest: `foo` is never delivered.
+        latest = await engine.consumer(new_group(), "c", [topic], {"auto.offset.reset": "latest"})
+        # Records produced before the assignment are skipped too, so produce until one
+        # arrives; it must be a new one.
+        deadline = time.monotonic() + WAIT
+        record = None
+        while record is None:
+            assert time.monotonic() < deadline, "no record reached the `latest` consumer"
+            handle.produce(topic, None, b"bar")
+            record = await latest.next(0.5)
+        assert record.value == b"bar"
+        await latest.close()
+        await handle.close(1)
+
+
+@asyncio_test
+async def test_next_times_out_raises_real_errors_and_survives_cancellation(
+    tansu: TansuBroker,
+) -> None:
+    topic = new_topic(tansu, partitions=1)
+    async with running_engine(tansu.bootstrap) as engine:
+        consumer, failing = await asyncio.gather(
+            engine.consumer(new_group(), "c", [topic], {}),
+            # With no committed offset and reset `error`, librdkafka reports an error.
+            engine.consumer(new_group(), "f", [topic], {"auto.offset.reset": "error"}),
+        )
+        record, elapsed = await timed(consumer.next(0.3))
+        assert record is None
+        assert 0.3 <= elapsed < 1.0, f"next(0.3) took {elapsed:.2f}s"
+        record, elapsed = await timed(consumer.next(0))
+        assert record is None and elapsed < 0.3
+
+        with pytest.raises(ConsumeError, match="Local: No offset stored"):
+            while await failing.next(WAIT) is None:
+                pass
+        assert await failing.next(0.2) is None, "the consumer stays usable after an error"
+
+        handle = engine.producer("s")
+        handle.produce(topic, None, b"warmup")
+        assert await handle.flush(WAIT) == 0
+        [warmup] = await consume(consumer, 1)  # joined: later records arrive in ms
+        assert warmup.value == b"warmup"
+
+        # Cancel a BLPOP whose poll is in flight: the record must come out of the next
+        # call, exactly once. Odd rounds cancel once the poll thread has taken the record
+        # (CONSUMED moved) while the loop has not seen it yet; even rounds cancel at once.
+        for i in range(6):
+            value = f"r{i}".encode()
+            handle.produce(topic, None, value)
+            assert await handle.flush(WAIT) == 0
+            consumed = engine.stats.get(Stats.CONSUMED)
+
+            def taken(before: int = consumed) -> bool:
+                return engine.stats.get(Stats.CONSUMED) > before
+
+            waiting = asyncio.create_task(consumer.next(None))
+            await asyncio.sleep(0)  # let it submit its poll
+            if i % 2:
+                hold_loop_until(taken)
+            waiting.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+            [record] = await consume(consumer, 1)
+            assert record.value == value, f"round {i}: got {record.value!r}"
+        assert await consumer.next(0.3) is None, "a record was delivered twice"
+        assert engine.stats.get(Stats.CONSUMED) == 7
+
+        # close() ends a poll that waits forever, within one poll slice.
+        forever = asyncio.create_task(consumer.next(None))
+        await asyncio.sleep(0)
+        _, elapsed = await timed(consumer.close())
+        assert await forever is None
+        assert elapsed < 2, f"close took {elapsed:.1f}s"
+        await failing.close()
+        await handle.close(1)
+
+
+@asyncio_test
+async def test_stop_closes_what_the_gateway_left_open(tansu: TansuBroker) -> None:
+    topic = new_topic(tansu)
+    before = rafka_threads()
+    engine = KafkaEngine(
+        Stats(),
+        {**CONSUMER, "bootstrap.servers": tansu.bootstrap},
+        {**PRODUCER, "bootstrap.servers": tansu.bootstrap},
+    )
+    await engine.start()
+    handle = engine.producer("s")
+    handle.produce(topic, None, b"x")
+    consumer = await engine.consumer(new_group(), "c", [topic], {})
+    assert len(rafka_threads() - before) == 2  # the producer's poll thread, the consumer's
+    await engine.stop()
+    assert rafka_threads() == before
+    assert handle.outstanding() == 0, "stop() must flush the shared producer"
+    assert engine.stats.get(Stats.DELIVERED) == 1
+    with pytest.raises(ProducerCreationError, match="Engine stopped"):
+        engine.producer("late")
+    with pytest.raises(ConsumerCreationError, match="Engine stopped"):
+        await engine.consumer(new_group(), "late", [topic], {})
+    with pytest.raises(AckError):
+        consumer.ack(topic, 0, 0)
