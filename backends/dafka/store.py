@@ -1,0 +1,602 @@
+"""The store (spec §5): a writer actor and a reader actor over one RocksDB `Storage`.
+
+Writer (§5.3): stores every RECORD of every topic contiguously per partition, FETCHes its
+own gaps (from the producers and from the other stores' readers), and ACKs producers.  Per
+wake-up it runs one batch: direct answers first, then live traffic, up to 100,000 records,
+one atomic write (fsynced when `store/sync` = 1, the default), then one ACK per partition
+with the highest sequence stored.  ACKs go out only after the write returned.
+
+Reader (§5.4): answers FETCH with exactly the requested records q … q+count-1 (fixing the
+C off-by-one, §10.12), or from the partition's oldest retained record when q is below it
+(retention tail); answers GET_HEADS and CONSUMER_HELLO with one DIRECT_HEAD per partition of
+the exact subject (§10.11); greets every consumer whose SUB connects with STORE_HELLO.
+
+Retention (`store/retention/ms|bytes`, per-topic `store/topics/<topic>/retention/ms|bytes`,
+-1 = forever) runs in a third thread every `store/retention/check_interval` ms.
+
+Fixes and additions over C: a FETCH retry timer while a partition has a known gap
+(`store/fetch_retry_interval` ms, default 1000; it gives up after
+`store/fetch_retry_timeout` ms without progress, default 60000, until new traffic shows
+the gap again), so back-fill does not wait for more traffic; malformed
+messages are dropped; the writer accepts a DIRECT_RECORD with sequence s > 0 for a partition
+it has nothing of as the partition's start (the other stores' oldest retained record).
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+import time
+import uuid
+from collections.abc import Callable
+
+import structlog
+import zmq
+from rocksdict import WriteBatch
+
+from backends.dafka import proto
+from backends.dafka.beacon import Beacon, apply_events, bind_data_socket, now_ms
+from backends.dafka.config import Config, ConfigError
+from backends.dafka.fetch_filter import FetchFilter
+from backends.dafka.storage import Retention, Storage, partition_prefix
+
+log = structlog.get_logger(__name__)
+
+BATCH_LIMIT = 100_000  # records staged per write (C: 100,000)
+_MSG_CHUNK = 1_000  # live messages taken before the direct SUB is looked at again
+_READER_CHUNK = 1_000  # requests handled before the reader looks at its other sockets
+_PARTITION_CACHE = 100_000  # partitions kept in the writer's memory between batches
+_PACK_SEQ = struct.Struct(">Q").pack
+_UNPACK_SEQ = struct.Struct(">Q").unpack_from
+_PACK_SEQ_COUNT = struct.Struct(">QI").pack
+_TERM = b"$TERM"
+_NONE = -1  # head of a partition with nothing stored
+
+
+def wall_ms() -> int:
+    """Wall-clock milliseconds: the write time of records, persisted for retention."""
+    return time.time_ns() // 1_000_000
+
+
+def retention_policy(config: Config) -> Callable[[bytes], Retention] | None:
+    """Per-topic retention from the config, or None when everything is kept forever."""
+    default = Retention(
+        config.get_int("store/retention/ms", -1), config.get_int("store/retention/bytes", -1)
+    )
+    finite = not default.forever or any(
+        path.startswith("store/topics/")
+        and path.endswith(("/retention/ms", "/retention/bytes"))
+        and value.strip() not in ("", "-1")
+        for path, value in config.items()
+    )
+    if not finite:
+        return None
+    cache: dict[bytes, Retention] = {}
+
+    def policy_for(subject: bytes) -> Retention:
+        policy = cache.get(subject)
+        if policy is None:
+            base = f"store/topics/{subject.decode(errors='replace')}/retention"
+            try:
+                policy = Retention(
+                    config.get_int(f"{base}/ms", default.ms),
+                    config.get_int(f"{base}/bytes", default.bytes),
+                )
+            except ConfigError:
+                policy = default  # a topic name that cannot be a config path
+            cache[subject] = policy
+        return policy
+
+    return policy_for
+
+
+class Store:
+    """A Dafka store: writer (uuid = `address`) and reader (`reader_address`) threads."""
+
+    def __init__(self, config: Config, context: zmq.Context | None = None) -> None:
+        self._config = config
+        self._context = context or zmq.Context.instance()
+        self.address = uuid.uuid4().hex.upper()
+        self.reader_address = uuid.uuid4().hex.upper()
+        self.verbose = config.get_bool("store/verbose")
+        self.storage = Storage(config.get("store/db"), sync=config.get_int("store/sync", 1) != 0)
+        self._closed = False
+        self._lock = threading.Lock()
+        self._stop_retention = threading.Event()
+        self._retention_thread: threading.Thread | None = None
+        self._writer = _Writer(self)
+        self._reader = _Reader(self)
+        try:
+            self._writer.start()
+            self._reader.start()
+        except BaseException:
+            self._writer.stop()
+            self._reader.stop()
+            self.storage.close()
+            self._closed = True
+            raise
+        policy = retention_policy(config)
+        if policy is not None:
+            interval = max(1, config.get_int("store/retention/check_interval", 300_000))
+            self._retention_thread = threading.Thread(
+                target=self._retain,
+                args=(policy, interval / 1000),
+                name="dafka-store-retention",
+                daemon=True,
+            )
+            self._retention_thread.start()
+
+    @property
+    def writer_port(self) -> int:
+        return self._writer.port
+
+    @property
+    def reader_port(self) -> int:
+        return self._reader.port
+
+    def close(self) -> None:
+        """Stop and join the threads, then close the DB (exactly once)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._stop_retention.set()
+        if self._retention_thread is not None:
+            self._retention_thread.join()
+        self._writer.stop()
+        self._reader.stop()
+        self.storage.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _retain(self, policy: Callable[[bytes], Retention], interval: float) -> None:
+        while not self._stop_retention.wait(interval):
+            try:
+                deleted = self.storage.apply_retention(policy, wall_ms())
+            except Exception:
+                log.exception("dafka store retention failed; retrying next interval")
+                continue
+            if deleted and self.verbose:
+                log.info("dafka store retention", deleted=deleted)
+
+
+class _Actor:
+    """A thread with its own sockets, a beacon, and a PAIR pipe for $TERM (spec §2.1)."""
+
+    name = "actor"
+
+    def __init__(self, store: Store, uuid_: str) -> None:
+        self.store = store
+        self.uuid = uuid_
+        self.config = store._config
+        self.context = store._context
+        self.storage = store.storage
+        self.verbose = store.verbose
+        self.hwm = self.config.get_int("store/high_watermark", 1_000_000)
+        self.port = 0
+        self._pipe_endpoint = f"inproc://dafka-store-{self.name}-{uuid_}"
+        self._pipe: zmq.Socket | None = None
+        self._thread = threading.Thread(
+            target=self._run, name=f"dafka-store-{self.name}", daemon=True
+        )
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+
+    def start(self) -> None:
+        pipe = self.context.socket(zmq.PAIR)
+        pipe.linger = 0
+        pipe.bind(self._pipe_endpoint)
+        self._pipe = pipe
+        self._thread.start()
+        self._ready.wait()
+        if self._error is not None:
+            raise self._error
+
+    def stop(self) -> None:
+        if self._pipe is None:
+            return
+        if self._thread.is_alive():
+            self._pipe.send(_TERM)
+            self._thread.join()
+        self._pipe.close()
+        self._pipe = None
+
+    def _run(self) -> None:
+        pipe = self.context.socket(zmq.PAIR)
+        pipe.linger = 0
+        sockets: list[zmq.Socket] = [pipe]
+        beacon: Beacon | None = None
+        try:
+            pipe.connect(self._pipe_endpoint)
+            sockets.extend(self._open())
+            beacon = Beacon(self.config, self.uuid, self.context)
+            beacon.wait_ready()
+            beacon.start(self.port)
+        except BaseException as error:  # re-raised by start() in the owner's thread
+            self._error = error
+            if beacon is not None:
+                beacon.close()
+            for sock in sockets:
+                sock.close()
+            self._ready.set()
+            return
+        self._ready.set()
+        try:
+            self._loop(pipe, beacon)
+        except Exception:
+            log.exception(f"dafka store {self.name} stopped on an unexpected error")
+        finally:
+            beacon.stop()
+            beacon.close()
+            for sock in sockets:
+                sock.close()
+
+    def _open(self) -> list[zmq.Socket]:
+        raise NotImplementedError
+
+    def _loop(self, pipe: zmq.Socket, beacon: Beacon) -> None:
+        raise NotImplementedError
+
+
+class _Partition:
+    """The writer's state of one (subject, partition), with its precomputed frames."""
+
+    __slots__ = (
+        "ack_prefix",
+        "body_size",
+        "fetch_prefix",
+        "gap",
+        "head",
+        "key_prefix",
+        "partition",
+        "partition_b",
+        "retry_head",
+        "retry_since",
+        "saved",
+        "subject",
+        "subject_b",
+        "total",
+    )
+
+    def __init__(self, subject: str, partition: str, writer_uuid: str, storage: Storage) -> None:
+        self.subject = subject
+        self.partition = partition
+        self.subject_b = subject.encode()
+        self.partition_b = partition.encode()
+        state = storage.partition_state(self.subject_b, self.partition_b)
+        self.head = _NONE if state is None else state.head
+        self.total = 0 if state is None else state.total
+        self.gap = _NONE  # highest sequence known to exist beyond head (retry target)
+        self.retry_head = _NONE  # head when the retry timer last saw progress …
+        self.retry_since = 0  # … and when (now_ms clock)
+        self.saved: tuple[int, int] | None = None  # (head, total) before this batch
+        self.key_prefix = partition_prefix(b"M", self.subject_b, self.partition_b)
+        # version byte + address string + subject string of a (DIRECT_)RECORD's frame 1
+        self.body_size = 3 + len(self.partition_b) + len(self.subject_b)
+        # Frames minus their trailing numbers, built once with the codec.
+        ack = proto.Message(proto.ACK, self.partition_b, subject=subject)
+        self.ack_prefix = proto.encode(ack)[0][:-8]
+        fetch = proto.Message(proto.FETCH, self.partition_b, address=writer_uuid, subject=subject)
+        self.fetch_prefix = proto.encode(fetch)[0][:-12]
+
+
+class _Writer(_Actor):
+    name = "writer"
+
+    def __init__(self, store: Store) -> None:
+        super().__init__(store, store.address)
+        self.retry_interval = max(10, self.config.get_int("store/fetch_retry_interval", 1000))
+        self.retry_timeout = self.config.get_int("store/fetch_retry_timeout", 60_000)
+        self.filter = FetchFilter()
+        self.partitions: dict[tuple[str, str], _Partition] = {}
+        self.by_body: dict[bytes, _Partition] = {}  # raw record body -> partition
+        self.gapped: set[_Partition] = set()
+
+    def _open(self) -> list[zmq.Socket]:
+        ctx = self.context
+        self.pub = ctx.socket(zmq.PUB)
+        self.direct = ctx.socket(zmq.SUB)
+        self.msg = ctx.socket(zmq.SUB)
+        for sock in (self.pub, self.direct, self.msg):
+            sock.linger = 0
+        for sock in (self.direct, self.msg):
+            sock.rcvhwm = self.hwm
+        self.pub.sndhwm = self.hwm
+        self.direct.setsockopt(zmq.SUBSCRIBE, proto.subscription(proto.DIRECT_RECORD, self.uuid))
+        self.msg.setsockopt(zmq.SUBSCRIBE, proto.subscription(proto.RECORD))
+        self.msg.setsockopt(zmq.SUBSCRIBE, proto.subscription(proto.HEAD))
+        self.port = bind_data_socket(self.pub, self.config)
+        return [self.pub, self.direct, self.msg]
+
+    def _loop(self, pipe: zmq.Socket, beacon: Beacon) -> None:
+        poller = zmq.Poller()
+        for sock in (pipe, self.direct, self.msg, beacon.socket):
+            poller.register(sock, zmq.POLLIN)
+        next_retry = now_ms() + self.retry_interval
+        while True:
+            now = now_ms()
+            wait = min(beacon.next_deadline_ms(), next_retry) - now
+            events = dict(poller.poll(max(0, min(wait, 1000))))
+            if pipe in events:
+                return
+            if beacon.socket in events:
+                apply_events(beacon.handle(), self.direct, self.msg)
+            if self.direct in events or self.msg in events:
+                self._batch()
+            now = now_ms()
+            if now >= next_retry:
+                next_retry = now + self.retry_interval
+                self._retry(now)
+            apply_events(beacon.tick(now), self.direct, self.msg)
+
+    def _partition(self, subject: str, partition: str) -> _Partition:
+        part = self.partitions.get((subject, partition))
+        if part is None:
+            part = _Partition(subject, partition, self.uuid, self.storage)
+            self.partitions[(subject, partition)] = part
+        return part
+
+    def _batch(self) -> None:
+        """Stage up to BATCH_LIMIT messages, write them at once, then ACK (spec §5.3)."""
+        if len(self.partitions) >= _PARTITION_CACHE:
+            # Forget idle partitions (their heads are in the DB); keep the gapped ones.
+            self.partitions = {(p.subject, p.partition): p for p in self.gapped}
+            self.by_body = {}
+        batch = self.storage.new_batch()
+        put = batch.put
+        touched: dict[_Partition, None] = {}  # ordered set of partitions staged in
+        by_body = self.by_body
+        decode_record = proto.decode_record
+        pack = _PACK_SEQ
+        unpack = _UNPACK_SEQ
+        record_id = proto.RECORD
+        head_id = proto.HEAD
+
+        def handle(frames: list[bytes]) -> None:
+            first = frames[0]
+            # Fast path: the bytes from the version to the sequence (version, address,
+            # subject) name a partition already validated by the full decoder.
+            part = by_body.get(first[first.find(0, 1) + 1 : -8])
+            mid = first[0]
+            if part is not None and len(frames) == 2 and mid != head_id:
+                seq = unpack(first, len(first) - 8)[0]
+                content = frames[1]
+            else:
+                try:
+                    if mid == head_id:
+                        self._on_head(frames)
+                        return
+                    mid, _, address, subject, seq, content = decode_record(frames)
+                    part = self._partition(subject, address)
+                except (proto.MalformedMessage, UnicodeDecodeError):
+                    return  # dropped, never a reason to stop (spec §1.6)
+                body = first[first.find(0, 1) + 1 : -8]
+                if len(body) == part.body_size:  # no trailing bytes: the canonical form
+                    by_body[body] = part
+            head = part.head
+            if seq == head + 1 or (head == _NONE and mid != record_id):
+                # The next record; or, for a partition we have nothing of, a FETCH answer
+                # from its oldest record the other stores still keep (retention tail).
+                if part.saved is None:
+                    part.saved = (head, part.total)
+                    touched[part] = None
+                put(part.key_prefix + pack(seq), content)
+                part.head = seq
+                part.total += len(content)
+            elif seq > head:
+                self._fetch_gap(part, seq)
+
+        direct_recv = self.direct.recv_multipart
+        msg_recv = self.msg.recv_multipart
+        noblock = zmq.NOBLOCK
+        taken = 0
+        while taken < BATCH_LIMIT:
+            before = taken
+            # Direct answers (back-fill) first, as in C; then a chunk of live traffic.
+            while taken < BATCH_LIMIT:
+                try:
+                    frames = direct_recv(noblock)
+                except zmq.Again:
+                    break
+                taken += 1
+                try:
+                    handle(frames)
+                except Exception:  # a bug or a DB error: lose this message, not the store
+                    log.exception("dafka store writer dropped a message", frames=frames[:1])
+            chunk_end = min(BATCH_LIMIT, taken + _MSG_CHUNK)
+            while taken < chunk_end:
+                try:
+                    frames = msg_recv(noblock)
+                except zmq.Again:
+                    break
+                taken += 1
+                try:
+                    handle(frames)
+                except Exception:  # a bug or a DB error: lose this message, not the store
+                    log.exception("dafka store writer dropped a message", frames=frames[:1])
+            if taken == before:
+                break
+        if touched:
+            self._commit(batch, touched)
+
+    def _on_head(self, frames: list[bytes]) -> None:
+        msg = proto.decode(frames)
+        if msg.id != proto.HEAD:
+            return
+        part = self._partition(msg.subject, msg.address)
+        if msg.sequence > part.head:
+            self._fetch_gap(part, msg.sequence)
+
+    def _fetch_gap(self, part: _Partition, known: int) -> None:
+        """`known` exists beyond our head: FETCH from head + 1 and retry until filled."""
+        now = now_ms()
+        if known > part.gap:
+            part.gap = known
+        part.retry_head = part.head
+        part.retry_since = now  # fresh evidence (re-)arms the retry timer
+        self.gapped.add(part)
+        self._fetch(part, now)
+
+    def _fetch(self, part: _Partition, now: int) -> None:
+        seq = part.head + 1
+        count = self.filter.should_fetch(part.subject, part.partition, seq, now)
+        if count is not None:
+            self.pub.send(part.fetch_prefix + _PACK_SEQ_COUNT(seq, count))
+            if self.verbose:
+                log.debug("dafka store FETCH", subject=part.subject, sequence=seq, count=count)
+
+    def _retry(self, now: int) -> None:
+        """Re-FETCH open gaps; give up on one that made no progress for the retry timeout
+        (nobody has the records any more) until new RECORD/HEAD traffic shows it again."""
+        for part in list(self.gapped):
+            if part.head != part.retry_head:
+                part.retry_head = part.head
+                part.retry_since = now
+            if part.head >= part.gap or now - part.retry_since > self.retry_timeout:
+                self.gapped.discard(part)
+                part.gap = _NONE
+            else:
+                self._fetch(part, now)
+
+    def _commit(self, batch: WriteBatch, touched: dict[_Partition, None]) -> None:
+        written = wall_ms()
+        storage = self.storage
+        for part in touched:
+            storage.stage_partition(
+                batch, part.subject_b, part.partition_b, part.head, part.total, written
+            )
+        try:
+            storage.commit(batch)
+        except Exception:
+            # Nothing was written: forget the staged heads so the records are fetched again.
+            log.exception("dafka store write failed; records will be fetched again")
+            for part in touched:
+                if part.saved is not None:
+                    part.gap = max(part.gap, part.head)  # known to exist: fetch it again
+                    part.head, part.total = part.saved
+                    part.saved = None
+                    self.gapped.add(part)
+            return
+        send = self.pub.send
+        for part in touched:
+            part.saved = None
+            send(part.ack_prefix + _PACK_SEQ(part.head))
+
+
+class _Reader(_Actor):
+    name = "reader"
+
+    def __init__(self, store: Store) -> None:
+        super().__init__(store, store.reader_address)
+        self.writer_uuid = store.address
+
+    def _open(self) -> list[zmq.Socket]:
+        ctx = self.context
+        self.xpub = ctx.socket(zmq.XPUB)
+        self.sub = ctx.socket(zmq.SUB)
+        for sock in (self.xpub, self.sub):
+            sock.linger = 0
+        self.xpub.setsockopt(zmq.XPUB_VERBOSE, 1)
+        self.xpub.sndhwm = self.hwm
+        self.sub.rcvhwm = self.hwm
+        self.sub.setsockopt(zmq.SUBSCRIBE, proto.subscription(proto.FETCH))
+        self.sub.setsockopt(zmq.SUBSCRIBE, proto.subscription(proto.GET_HEADS))
+        self.sub.setsockopt(zmq.SUBSCRIBE, proto.subscription(proto.CONSUMER_HELLO, self.uuid))
+        self.port = bind_data_socket(self.xpub, self.config)
+        return [self.xpub, self.sub]
+
+    def _loop(self, pipe: zmq.Socket, beacon: Beacon) -> None:
+        poller = zmq.Poller()
+        for sock in (pipe, self.xpub, self.sub, beacon.socket):
+            poller.register(sock, zmq.POLLIN)
+        while True:
+            wait = beacon.next_deadline_ms() - now_ms()
+            events = dict(poller.poll(max(0, min(wait, 1000))))
+            if pipe in events:
+                return
+            if beacon.socket in events:
+                apply_events(beacon.handle(), self.sub)
+            if self.xpub in events:
+                self._on_subscriptions()
+            if self.sub in events:
+                self._on_requests()
+            apply_events(beacon.tick(now_ms()), self.sub)
+
+    def _on_subscriptions(self) -> None:
+        """A consumer's SUB subscribed `L<consumer>`: greet it with STORE_HELLO (§1.5)."""
+        while True:
+            try:
+                frame = self.xpub.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            event = proto.decode_xpub_event(frame)
+            if event is None or not event.is_subscribe or event.id != proto.STORE_HELLO:
+                continue
+            if not event.rest or b"\0" in event.rest:
+                continue
+            hello = proto.Message(proto.STORE_HELLO, event.rest, address=self.uuid)
+            self.xpub.send_multipart(proto.encode(hello))
+
+    def _on_requests(self) -> None:
+        for _ in range(_READER_CHUNK):
+            try:
+                frames = self.sub.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                msg = proto.decode(frames)
+                if msg.address == self.writer_uuid:
+                    continue  # our own writer's FETCH: the data is ours already
+                if msg.id == proto.FETCH:
+                    self._on_fetch(msg)
+                elif msg.id == proto.GET_HEADS:
+                    self._send_heads(msg.address, msg.topic.decode())
+                elif msg.id == proto.CONSUMER_HELLO:
+                    for subject in msg.subjects:
+                        self._send_heads(msg.address, subject)
+            except (proto.MalformedMessage, UnicodeDecodeError) as error:
+                if self.verbose:
+                    log.debug("dafka store reader dropped a message", error=str(error))
+            except Exception:  # a bug or a DB error: lose this request, not the store
+                log.exception("dafka store reader dropped a request", frames=frames[:1])
+
+    def _on_fetch(self, msg: proto.Message) -> None:
+        partition = msg.topic.decode()
+        encoder = proto.RecordEncoder(msg.address, partition, msg.subject, proto.DIRECT_RECORD)
+        prefix = encoder.frame1(0)[:-8]
+        send = self.xpub.send
+        more = zmq.SNDMORE
+        pack = _PACK_SEQ
+        sent = 0
+        for seq, content in self.storage.read(
+            msg.subject.encode(), msg.topic, msg.sequence, msg.count
+        ):
+            send(prefix + pack(seq), more)
+            send(content)
+            sent += 1
+        if self.verbose:
+            log.debug(
+                "dafka store answered FETCH",
+                subject=msg.subject,
+                partition=partition,
+                sequence=msg.sequence,
+                count=msg.count,
+                sent=sent,
+            )
+
+    def _send_heads(self, requester: str, subject: str) -> None:
+        if not requester or not subject:
+            return
+        for partition, head in self.storage.heads(subject.encode()):
+            reply = proto.Message(
+                proto.DIRECT_HEAD,
+                requester.encode(),
+                address=partition.decode(),
+                subject=subject,
+                sequence=head,
+            )
+            self.xpub.send_multipart(proto.encode(reply))

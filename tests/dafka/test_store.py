@@ -1,0 +1,558 @@
+"""The store (spec §5), driven over inproc by the test peer (spec §8).
+
+Derived scenarios 27 (writer), 28 (reader, with the fixed FETCH range), 29 (store-to-store
+back-fill), upstream scenario 20, and what this port adds: synced write before ACK, restart,
+retention by size and by age, earliest-from-tail, malformed input.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import zmq
+
+from backends.dafka import proto
+from backends.dafka.beacon import TowerUnreachable
+from backends.dafka.config import Config
+from backends.dafka.consumer import Consumer
+from backends.dafka.producer import Producer
+from backends.dafka.proto import Message
+from backends.dafka.storage import Retention, Storage
+from backends.dafka.store import Store, retention_policy
+from backends.dafka.test_peer import TestPeer
+from backends.dafka.tower import Tower
+from tests.dafka.conftest import wait_until
+
+
+@pytest.fixture
+def store_config(dafka_config: Config) -> Config:
+    dafka_config.set("store/fetch_retry_interval", 100)
+    return dafka_config
+
+
+@pytest.fixture
+def store(store_config: Config, tower: Tower) -> Iterator[Store]:
+    with Store(store_config, zmq.Context.instance()) as running:
+        yield running
+
+
+def other_db(config: Config, tmp_path: Path, name: str) -> Config:
+    copy = config.copy()
+    copy.set("store/db", str(tmp_path / name))
+    return copy
+
+
+def link(peer: TestPeer, store: Store, nth: int = 1) -> None:
+    """Wait until the peer and the store's writer and reader are connected both ways.
+
+    `nth`: the store is the nth one the peer sees (M/H/F/G subscriptions are shared).
+    """
+    peer.wait_connected(store.address)
+    peer.wait_connected(store.reader_address)
+    peer.wait_subscribed(b"D" + store.address.encode())
+    peer.wait_subscribed(b"W" + store.reader_address.encode())
+    for prefix in (b"M", b"H", b"F", b"G"):
+        wait_subscriptions(peer, prefix, nth)
+
+
+def wait_subscriptions(peer: TestPeer, prefix: bytes, count: int) -> None:
+    wait_until(
+        lambda: peer.subscriptions().count(prefix) >= count,
+        5,
+        f"{count} subscriptions {prefix!r} expected on the peer",
+    )
+
+
+def recv_until_ack(peer: TestPeer, topic: str, sequence: int, timeout: float = 5) -> list[int]:
+    """The sequences of the ACKs received until one carries `sequence`."""
+    acks: list[int] = []
+    deadline = time.monotonic() + timeout
+    while not acks or acks[-1] < sequence:
+        msg = peer.recv_id(proto.ACK, max(0.01, deadline - time.monotonic()))
+        assert msg.topic == peer.address.encode(), "ACK routed to another partition"
+        if msg.subject == topic:
+            acks.append(msg.sequence)
+    return acks
+
+
+def store_records(peer: TestPeer, topic: str, contents: list[bytes]) -> None:
+    for seq, content in enumerate(contents):
+        peer.send_record(topic, seq, content)
+    recv_until_ack(peer, topic, len(contents) - 1)
+
+
+def recv_fetch(peer: TestPeer, store: Store, timeout: float = 5) -> Message:
+    """The next FETCH sent by `store`'s writer (other FETCHes are skipped)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        msg = peer.recv_id(proto.FETCH, max(0.01, deadline - time.monotonic()))
+        if msg.address == store.address:
+            return msg
+
+
+def direct_records_of(peer: TestPeer, topic: str, seq: int, count: int) -> list[tuple[int, bytes]]:
+    """What the readers answer to the peer's FETCH, up to the answer of a later sentinel
+    FETCH (a reader handles requests in order, so nothing of the first comes after it)."""
+    peer.send_fetch(peer.address, topic, seq, count)
+    peer.send_fetch(peer.address, "sentinel", 0, 1)
+    got: list[tuple[int, bytes]] = []
+    while True:
+        msg = peer.recv_id(proto.DIRECT_RECORD)
+        assert msg.topic == peer.address.encode()
+        if msg.subject == "sentinel":
+            return got
+        assert msg.subject == topic
+        got.append((msg.sequence, msg.content))
+
+
+def direct(store: Store, peer: TestPeer, topic: str, seq: int, content: bytes) -> Message:
+    """A DIRECT_RECORD of the peer's partition addressed to `store`'s writer."""
+    return Message(
+        proto.DIRECT_RECORD,
+        store.address.encode(),
+        address=peer.address,
+        subject=topic,
+        sequence=seq,
+        content=content,
+    )
+
+
+@pytest.fixture
+def linked(test_peer: TestPeer, store: Store) -> TestPeer:
+    link(test_peer, store)
+    store_records(test_peer, "sentinel", [b"end"])
+    return test_peer
+
+
+# --- scenario 27: writer --------------------------------------------------------------------
+
+
+def test_in_order_records_are_stored_and_acked_per_batch(linked: TestPeer, store: Store) -> None:
+    for seq in range(1000):
+        linked.send_record("hello", seq, b"record %d" % seq)
+    acks = recv_until_ack(linked, "hello", 999)
+    assert acks == sorted(acks), "ACKs must never go backwards"
+    assert len(acks) < 1000, "one ACK per partition per batch, not one per record"
+    stored = list(store.storage.read(b"hello", linked.address.encode(), 0, 2000))
+    assert stored == [(seq, b"record %d" % seq) for seq in range(1000)]
+
+
+def test_duplicate_record_is_dropped(linked: TestPeer, store: Store) -> None:
+    store_records(linked, "dup", [b"a", b"b", b"c"])
+    linked.send_record("dup", 1, b"overwrite?")
+    linked.send_record("dup", 3, b"d")
+    assert recv_until_ack(linked, "dup", 3) == [3]
+    assert direct_records_of(linked, "dup", 0, 10) == [(0, b"a"), (1, b"b"), (2, b"c"), (3, b"d")]
+
+
+def test_gap_fetches_from_head_plus_one(linked: TestPeer, store: Store) -> None:
+    store_records(linked, "gap", [b"0", b"1", b"2"])
+    linked.send_record("gap", 5, b"5")
+    fetch = recv_fetch(linked, store)
+    assert fetch.topic == linked.address.encode()
+    assert (fetch.subject, fetch.sequence, fetch.count) == ("gap", 3, 100_000 - 3)
+    # Answering the FETCH closes the gap; record 5 was dropped, so it is fetched again.
+    for seq in (3, 4):
+        linked.send(direct(store, linked, "gap", seq, b"%d" % seq))
+    assert recv_until_ack(linked, "gap", 4)[-1] == 4
+
+
+def test_first_record_not_zero_fetches_from_zero(linked: TestPeer, store: Store) -> None:
+    linked.send_record("late", 7, b"7")
+    fetch = recv_fetch(linked, store)
+    assert (fetch.subject, fetch.sequence, fetch.count) == ("late", 0, 100_000)
+    assert store.storage.head(b"late", linked.address.encode()) is None
+
+
+def test_head_ahead_of_stored_head_fetches(linked: TestPeer, store: Store) -> None:
+    store_records(linked, "ahead", [b"0", b"1"])
+    linked.send_head("ahead", 1)  # not ahead: nothing
+    linked.send_head("ahead", 9)
+    fetch = recv_fetch(linked, store)
+    assert (fetch.subject, fetch.sequence) == ("ahead", 2)
+
+
+def test_fetch_is_retried_until_the_gap_is_filled(linked: TestPeer, store: Store) -> None:
+    linked.send_head("retry", 2)
+    first = recv_fetch(linked, store)
+    assert (first.subject, first.sequence) == ("retry", 0)
+    # Nobody answers and no more traffic comes: the writer asks again by itself.
+    again = recv_fetch(linked, store, timeout=5)
+    assert (again.subject, again.sequence) == ("retry", 0)
+    for seq in range(3):
+        linked.send(direct(store, linked, "retry", seq, b"r"))
+    assert recv_until_ack(linked, "retry", 2)[-1] == 2
+
+
+def store_fetches_within(peer: TestPeer, store: Store, seconds: float) -> list[int]:
+    """Sequences of every FETCH the store's writer sends during the next `seconds`."""
+    deadline = time.monotonic() + seconds
+    fetches = []
+    while (remaining := deadline - time.monotonic()) > 0:
+        try:
+            msg = peer.recv_id(proto.FETCH, remaining)
+        except TimeoutError:
+            break
+        if msg.address == store.address:
+            fetches.append(msg.sequence)
+    return fetches
+
+
+def test_retry_gives_up_on_a_gap_nobody_can_fill(
+    store_config: Config, tower: Tower, test_peer: TestPeer
+) -> None:
+    store_config.set("store/fetch_retry_timeout", 300)
+    with Store(store_config, zmq.Context.instance()) as store:
+        link(test_peer, store)
+        test_peer.send_head("dead", 5)
+        assert recv_fetch(test_peer, store).subject == "dead"
+        store_fetches_within(test_peer, store, 0.5)  # retries before the timeout are fine
+        # Well past the timeout and into a new fetch-filter second: no more FETCHes.
+        assert store_fetches_within(test_peer, store, 1.2) == []
+        # New evidence of the gap re-arms it.
+        test_peer.send_head("dead", 6)
+        assert recv_fetch(test_peer, store).sequence == 0
+
+
+def test_ack_is_sent_only_after_the_synced_write(linked: TestPeer, store: Store) -> None:
+    assert store.storage.sync, "store/sync defaults to 1"
+    partition = linked.address.encode()
+    for seq in range(200):
+        linked.send_record("durable", seq, b"x" * 100)
+    deadline = time.monotonic() + 5
+    last = -1
+    while last < 199:
+        ack = linked.recv_id(proto.ACK, max(0.01, deadline - time.monotonic()))
+        if ack.subject != "durable":
+            continue
+        last = ack.sequence
+        # Read the DB the moment the ACK is here: everything it covers is written.
+        assert store.storage.head(b"durable", partition) is not None
+        stored = [s for s, _ in store.storage.read(b"durable", partition, 0, last + 1)]
+        assert stored == list(range(last + 1)), f"ACK {last} came before its write"
+
+
+# --- scenario 28: reader --------------------------------------------------------------------
+
+
+def test_fetch_answers_exactly_the_requested_range(linked: TestPeer, store: Store) -> None:
+    store_records(linked, "range", [b"r%d" % i for i in range(10)])
+    got = direct_records_of(linked, "range", 3, 4)
+    assert got == [(3, b"r3"), (4, b"r4"), (5, b"r5"), (6, b"r6")]  # C would add r7
+
+
+def test_fetch_above_the_head_answers_nothing(linked: TestPeer, store: Store) -> None:
+    store_records(linked, "above", [b"a"])
+    assert direct_records_of(linked, "above", 1, 10) == []
+    assert direct_records_of(linked, "unknown-topic", 0, 10) == []
+
+
+def test_direct_record_carries_partition_and_subject(linked: TestPeer, store: Store) -> None:
+    store_records(linked, "fields", [b"a"])
+    linked.send_fetch(linked.address, "fields", 0, 1)
+    msg = linked.recv_id(proto.DIRECT_RECORD)
+    assert msg.topic == linked.address.encode()  # routed to the requester
+    assert (msg.address, msg.subject, msg.sequence, msg.content) == (
+        linked.address,
+        "fields",
+        0,
+        b"a",
+    )
+
+
+def test_get_heads_answers_each_partition_of_the_exact_subject(
+    linked: TestPeer, store: Store, store_config: Config
+) -> None:
+    store_records(linked, "heads", [b"0", b"1", b"2"])
+    store_records(linked, "heads2", [b"0"])  # prefix collision (spec §10.11)
+    with TestPeer(store_config, zmq.Context.instance()) as second:
+        link(second, store)
+        store_records(second, "heads", [b"0"])
+    requester = uuid.uuid4().hex.upper()
+    linked.send(Message(proto.GET_HEADS, b"heads", address=requester))
+    linked.send(Message(proto.GET_HEADS, b"heads-none", address=requester))
+    heads = sorted(recv_direct_heads(linked, requester, 2))
+    assert heads == sorted([(linked.address, "heads", 2), (second.address, "heads", 0)])
+
+
+def recv_direct_heads(peer: TestPeer, requester: str, n: int) -> list[tuple[str, str, int]]:
+    heads = []
+    for _ in range(n):
+        msg = peer.recv_id(proto.DIRECT_HEAD)
+        assert msg.topic == requester.encode()
+        heads.append((msg.address, msg.subject, msg.sequence))
+    # Nothing else comes for the requester: a third head would arrive before this answer.
+    marker = Message(proto.GET_HEADS, b"sentinel", address=requester)
+    peer.send(marker)
+    extra = peer.recv_id(proto.DIRECT_HEAD)
+    assert (extra.subject, extra.address) == ("sentinel", peer.address), f"extra head {extra}"
+    return heads
+
+
+def test_consumer_hello_answers_heads_of_each_listed_subject(
+    linked: TestPeer, store: Store
+) -> None:
+    store_records(linked, "hello-a", [b"0", b"1"])
+    store_records(linked, "hello-b", [b"0"])
+    consumer = uuid.uuid4().hex.upper()
+    hello = Message(
+        proto.CONSUMER_HELLO,
+        store.reader_address.encode(),
+        address=consumer,
+        subjects=["hello-a", "hello-b"],
+    )
+    linked.send(hello)
+    heads = recv_direct_heads(linked, consumer, 2)
+    assert sorted(heads) == [(linked.address, "hello-a", 1), (linked.address, "hello-b", 0)]
+
+
+def test_store_hello_is_sent_when_a_consumer_subscribes(store: Store) -> None:
+    consumer = uuid.uuid4().hex.upper()
+    sub: zmq.Socket = zmq.Context.instance().socket(zmq.SUB)
+    try:
+        sub.linger = 0
+        sub.rcvtimeo = 5000
+        sub.setsockopt(zmq.SUBSCRIBE, b"L" + consumer.encode())
+        sub.connect(f"tcp://127.0.0.1:{store.reader_port}")
+        msg = proto.decode(sub.recv_multipart())
+    finally:
+        sub.close()
+    assert (msg.id, msg.topic, msg.address) == (
+        proto.STORE_HELLO,
+        consumer.encode(),
+        store.reader_address,
+    )
+
+
+def test_reader_ignores_its_own_writers_fetch(linked: TestPeer, store: Store) -> None:
+    store_records(linked, "own", [b"0", b"1"])
+    forged = Message(
+        proto.FETCH,
+        linked.address.encode(),
+        address=store.address,
+        subject="own",
+        sequence=0,
+        count=2,
+    )
+    linked.send(forged)
+    linked.send_fetch(linked.address, "sentinel", 0, 1)
+    while True:
+        msg = linked.recv_id(proto.DIRECT_RECORD)
+        assert msg.topic != store.address.encode(), "answered its own writer"
+        if msg.subject == "sentinel":
+            break
+
+
+# --- scenario 29 and retention tail --------------------------------------------------------
+
+
+def test_second_store_backfills_from_the_first(
+    linked: TestPeer, store: Store, store_config: Config, tmp_path: Path
+) -> None:
+    contents = [b"rec %d" % i for i in range(20)]
+    store_records(linked, "backfill", contents)
+    # The peer (the producer) never answers FETCHes: only the first store can.
+    with Store(other_db(store_config, tmp_path, "second"), zmq.Context.instance()) as second:
+        link(linked, second, nth=2)
+        linked.send_head("backfill", 19)
+        partition = linked.address.encode()
+        wait_until(
+            lambda: second.storage.head(b"backfill", partition) == 19,
+            10,
+            "the second store did not back-fill from the first",
+        )
+        assert list(second.storage.read(b"backfill", partition, 0, 100)) == list(
+            enumerate(contents)
+        )
+
+
+def test_fetch_below_the_tail_answers_from_the_tail(
+    store_config: Config, tower: Tower, test_peer: TestPeer, tmp_path: Path
+) -> None:
+    store_config.set("store/topics/trimmed/retention/bytes", 30)
+    store_config.set("store/retention/check_interval", 20)
+    with Store(store_config, zmq.Context.instance()) as store:
+        link(test_peer, store)
+        store_records(test_peer, "sentinel", [b"end"])
+        store_records(test_peer, "trimmed", [b"%010d" % i for i in range(10)])
+        partition = test_peer.address.encode()
+        wait_until(
+            lambda: store.storage.tail(b"trimmed", partition) == 7,
+            5,
+            "size retention did not trim to the newest 3 records",
+        )
+        got = direct_records_of(test_peer, "trimmed", 0, 2)
+        assert got == [(7, b"0000000007"), (8, b"0000000008")]
+
+        # A new store starts the partition at the first store's tail.
+        config = other_db(store_config, tmp_path, "fresh")
+        config.set("store/topics/trimmed/retention/bytes", -1)
+        with Store(config, zmq.Context.instance()) as fresh:
+            link(test_peer, fresh, nth=2)
+            test_peer.send_head("trimmed", 9)
+            wait_until(
+                lambda: fresh.storage.head(b"trimmed", partition) == 9,
+                10,
+                "the new store did not start the partition at the tail",
+            )
+            assert fresh.storage.tail(b"trimmed", partition) == 7
+
+
+# --- restart, retention ---------------------------------------------------------------------
+
+
+def test_restarted_store_serves_what_it_acknowledged(
+    store_config: Config, tower: Tower, test_peer: TestPeer
+) -> None:
+    with Store(store_config, zmq.Context.instance()) as first:
+        link(test_peer, first)
+        store_records(test_peer, "sentinel", [b"end"])
+        store_records(test_peer, "restart", [b"a", b"b", b"c"])
+    with Store(store_config, zmq.Context.instance()) as again:
+        link(test_peer, again, nth=2)
+        assert direct_records_of(test_peer, "restart", 0, 10) == [(0, b"a"), (1, b"b"), (2, b"c")]
+        # The writer continues the partition from its stored head.
+        test_peer.send_record("restart", 3, b"d")
+        assert recv_until_ack(test_peer, "restart", 3) == [3]
+
+
+def test_size_retention_per_topic(store_config: Config, tower: Tower, test_peer: TestPeer) -> None:
+    store_config.set("store/retention/bytes", 50)
+    store_config.set("store/topics/kept/retention/bytes", -1)
+    store_config.set("store/retention/check_interval", 20)
+    with Store(store_config, zmq.Context.instance()) as store:
+        link(test_peer, store)
+        store_records(test_peer, "small", [bytes(10)] * 20)
+        store_records(test_peer, "kept", [bytes(10)] * 20)
+        partition = test_peer.address.encode()
+        wait_until(
+            lambda: store.storage.tail(b"small", partition) == 15,
+            5,
+            "retention.bytes 50 did not keep exactly the newest 5 records of 10 bytes",
+        )
+        assert store.storage.tail(b"kept", partition) == 0
+        assert store.storage.head(b"small", partition) == 19
+
+
+def test_age_retention_deletes_all_but_the_head(
+    store_config: Config, tower: Tower, test_peer: TestPeer
+) -> None:
+    store_config.set("store/retention/ms", 100)
+    store_config.set("store/retention/check_interval", 20)
+    with Store(store_config, zmq.Context.instance()) as store:
+        link(test_peer, store)
+        store_records(test_peer, "aging", [b"x"] * 10)
+        partition = test_peer.address.encode()
+        wait_until(
+            lambda: store.storage.tail(b"aging", partition) == 9,
+            5,
+            "retention.ms 100 did not delete the old records",
+        )
+        assert store.storage.heads(b"aging") == [(partition, 9)]
+
+
+# --- robustness ----------------------------------------------------------------------------
+
+
+def test_malformed_messages_are_ignored(linked: TestPeer, store: Store) -> None:
+    address = linked.address.encode()
+    garbage = [
+        [b"M"],
+        [b"Mhello"],
+        [b"Mhello\0\x02" + bytes(40), b"content"],  # wrong version
+        [b"Mhello\0\x01\x20" + address],  # truncated, no content frame
+        [b"Mhello\0\x01\x20" + address + b"\x05hello" + bytes(8)],  # no content frame
+        [b"Mhello\0\x01\x20" + address + b"\x02\xff\xfe" + bytes(8), b"x"],  # bad UTF-8
+        [b"Hhello\0\x01\x05"],
+        [b"F" + address + b"\0\x01\xff"],
+        [b"Fx\0\x01\x20" + address + b"\x05hello" + bytes(8) + b"\x00\x00\x00\x05"],
+        [b"Ghello\0\x01"],
+        [b"W" + store.reader_address.encode() + b"\0\x01\x00\xff\xff\xff\xff"],
+        [b"D" + store.address.encode() + b"\0\x01"],
+    ]
+    for frames in garbage:
+        linked.send_frames(frames)
+    store_records(linked, "after-garbage", [b"ok"])
+    assert direct_records_of(linked, "after-garbage", 0, 1) == [(0, b"ok")]
+
+
+# --- upstream scenario 20 ------------------------------------------------------------------
+
+
+def test_store_fetches_unacked_records_and_serves_an_earliest_consumer(
+    store_config: Config, tower: Tower
+) -> None:
+    ctx: zmq.Context = zmq.Context.instance()
+    producer = Producer(store_config, "TEST", ctx)
+    try:
+        producer.publish(b"1")
+        producer.publish(b"2")
+        with Store(store_config, ctx) as store:
+            producer.publish(b"3")
+            assert producer.close(timeout=10) == 0, "the store did not ACK every record"
+            partition = producer.address.encode()
+            assert store.storage.head(b"TEST", partition) == 2
+            config = store_config.copy()
+            config.set("consumer/offset/reset", "earliest")
+            consumer = Consumer(config, ctx)
+            try:
+                consumer.subscribe("TEST")
+                got: list[bytes] = []
+                for _ in range(3):
+                    record = consumer.get(timeout=10)
+                    assert record is not None, f"earliest consumer got only {got}"
+                    got.append(record.content)
+                assert got == [b"1", b"2", b"3"]
+            finally:
+                consumer.close()
+    finally:
+        producer.close(timeout=0)
+
+
+# --- lifetime ------------------------------------------------------------------------------
+
+
+def store_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("dafka-store")]
+
+
+def test_close_joins_every_thread_and_releases_the_db(store_config: Config, tower: Tower) -> None:
+    store_config.set("store/retention/ms", 60_000)  # also start the retention thread
+    store = Store(store_config, zmq.Context.instance())
+    assert len(store_threads()) == 3
+    store.close()
+    store.close()
+    assert store_threads() == []
+    # RocksDB's lock is released: the same directory opens again in this process.
+    with Storage(store_config.get("store/db")) as again:
+        assert again.heads(b"anything") == []
+
+
+def test_unreachable_tower_fails_cleanly(dafka_config: Config) -> None:
+    dafka_config.set("beacon/ready_timeout", 200)  # and no tower fixture
+    with pytest.raises(TowerUnreachable):
+        Store(dafka_config, zmq.Context.instance())
+    assert store_threads() == []
+    with Storage(dafka_config.get("store/db")) as again:
+        assert again.heads(b"anything") == []
+
+
+def test_retention_policy_defaults_and_per_topic_overrides() -> None:
+    assert retention_policy(Config()) is None, "keep forever needs no retention thread"
+    assert retention_policy(Config({"store/topics/t/retention/ms": "-1"})) is None
+    policy = retention_policy(
+        Config({"store/retention/ms": 1000, "store/topics/big/retention/bytes": 5})
+    )
+    assert policy is not None
+    assert policy(b"big") == Retention(ms=1000, bytes=5)
+    assert policy(b"other") == Retention(ms=1000, bytes=-1)
+    # A topic that cannot be a config path gets the store-wide policy.
+    assert policy(b"with space") == Retention(ms=1000, bytes=-1)
+    only_one = retention_policy(Config({"store/topics/t/retention/ms": "5"}))
+    assert only_one is not None
+    assert only_one(b"t") == Retention(ms=5) and only_one(b"u").forever
