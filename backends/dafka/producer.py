@@ -1,0 +1,314 @@
+"""The producer actor (spec §3): owns one partition of one topic.
+
+The partition name is the producer's uuid. Records are numbered from 0, sent as RECORD on a
+bound PUB, kept in memory (UnackedList) until any store ACKs them, and re-sent from memory as
+DIRECT_RECORD when someone FETCHes them. Once something was published, a HEAD carrying the
+last sequence goes out every `producer/head_interval` ms.
+
+Threading: `publish()` may be called from any thread. It appends to a deque and wakes the
+actor over an inproc PAIR only when the actor is not already due to look at the deque, so a
+burst of publishes costs one wake-up; the actor drains everything it finds per wake-up.
+Every socket except the user end of that PAIR lives in the actor thread.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import itertools
+import math
+import struct
+import threading
+import time
+import uuid
+
+import structlog
+import zmq
+
+from backends.dafka import proto
+from backends.dafka.beacon import Beacon, apply_events, bind_data_socket, now_ms
+from backends.dafka.config import Config
+from backends.dafka.unacked import UnackedList
+
+log = structlog.get_logger(__name__)
+
+# How many records the actor takes from the deque before it looks at its sockets again
+# (C: up to 100,000 commands per wake-up), so ACKs and FETCHes are not starved.
+_BATCH = 100_000
+_PACK_SEQ = struct.Struct(">Q").pack
+_instances = itertools.count()
+
+# Commands on the user → actor pipe.
+_WAKE = b"P"
+_TERM = b"T"
+
+
+def check_topic(topic: str) -> bytes:
+    """The topic as routing bytes; refuses what the wire cannot carry (spec §1.2)."""
+    raw = topic.encode()
+    if not raw or b"\0" in raw or len(raw) > 255:
+        raise ValueError(f"invalid Dafka topic {topic!r}: need 1..255 bytes without NUL")
+    return raw
+
+
+class Producer:
+    """Publishes records on one new partition (its uuid) of `topic`."""
+
+    def __init__(self, config: Config, topic: str, context: zmq.Context | None = None) -> None:
+        self._topic_bytes = check_topic(topic)
+        self.topic = topic
+        self.address = uuid.uuid4().hex.upper()
+        self._config = config
+        self._context = context or zmq.Context.instance()
+        self._terminate_unacked = config.get_int("producer/terminate_unacked", 0) == 1
+        self._head_interval = max(1, config.get_int("producer/head_interval", 1000))
+        self._hwm = config.get_int("producer/high_watermark", 1_000_000)
+
+        # Shared with the actor; `_lock` guards the deque hand-over and the user pipe end.
+        self._lock = threading.Lock()
+        self._queue: collections.deque[bytes] = collections.deque()
+        self._wake_pending = False
+        self._submitted = 0  # records handed to publish()
+        self._released = 0  # records acked (written by the actor only)
+        self._closed = False
+        self._failed = False  # the actor died of an unexpected error
+        self._term_deadline = math.inf  # monotonic seconds; set by close() before _TERM
+        self._left = 0
+        self.port = 0
+
+        self._pipe_endpoint = f"inproc://dafka-producer-{self.address}-{next(_instances)}"
+        self._pipe = self._context.socket(zmq.PAIR)
+        self._pipe.linger = 0
+        self._pipe.bind(self._pipe_endpoint)
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(
+            target=self._run, name=f"dafka-producer-{topic}", daemon=True
+        )
+        self._thread.start()
+        self._ready.wait()
+        if self._error is not None:
+            self._thread.join()
+            self._pipe.close()
+            self._closed = True
+            raise self._error
+
+    # -- user side ----------------------------------------------------------------------
+
+    def publish(self, content: bytes | bytearray | memoryview) -> None:
+        """Queue one record; never blocks on the network."""
+        if type(content) is not bytes:
+            if not isinstance(content, (bytes, bytearray, memoryview)):
+                raise TypeError(f"record content must be bytes, not {type(content).__name__}")
+            content = bytes(content)
+        with self._lock:
+            if self._closed or self._failed:
+                raise RuntimeError("Dafka producer is closed")
+            self._queue.append(content)
+            self._submitted += 1
+            if not self._wake_pending:
+                self._wake_pending = True
+                self._signal(_WAKE)
+
+    def _signal(self, command: bytes) -> None:
+        """Send a command to the actor (caller holds `_lock`). Never blocks: a dead actor
+        (no peer on the pipe) must not hang publish() or close()."""
+        with contextlib.suppress(zmq.Again):
+            self._pipe.send(command, zmq.NOBLOCK)
+
+    def unacked_count(self) -> int:
+        """Records published through this producer that no store has acknowledged yet."""
+        return self._submitted - self._released
+
+    def close(self, timeout: float | None = None) -> int:
+        """Stop, after waiting up to `timeout` seconds for ACKs; returns records left unacked.
+
+        `timeout=None` follows the config: with `producer/terminate_unacked` = 1 stop at
+        once, else wait until every record is acknowledged (as C does).
+        """
+        with self._lock:
+            if self._closed:
+                return self._left
+            self._closed = True
+            if timeout is None:
+                deadline = time.monotonic() if self._terminate_unacked else math.inf
+            else:
+                deadline = time.monotonic() + max(0.0, timeout)
+            self._term_deadline = deadline
+            self._signal(_TERM)
+        self._thread.join()
+        self._pipe.close()
+        return self._left
+
+    # -- actor --------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        ctx = self._context
+        pipe = ctx.socket(zmq.PAIR)
+        pub = ctx.socket(zmq.PUB)
+        sub = ctx.socket(zmq.SUB)
+        beacon: Beacon | None = None
+        for sock in (pipe, pub, sub):
+            sock.linger = 0
+        try:
+            pipe.connect(self._pipe_endpoint)
+            pub.sndhwm = self._hwm
+            sub.rcvhwm = self._hwm
+            self.port = bind_data_socket(pub, self._config)
+            sub.setsockopt(zmq.SUBSCRIBE, proto.subscription(proto.ACK, self.address))
+            sub.setsockopt(zmq.SUBSCRIBE, proto.subscription(proto.FETCH, self.address))
+            beacon = Beacon(self._config, self.address, ctx)
+            beacon.wait_ready()
+            beacon.start(self.port)
+        except BaseException as error:  # handed to the constructor, which re-raises it
+            self._error = error
+            if beacon is not None:
+                beacon.close()
+            for sock in (pipe, pub, sub):
+                sock.close()
+            self._ready.set()
+            return
+        self._ready.set()
+        try:
+            self._loop(pipe, pub, sub, beacon)
+        except BaseException:
+            # A bug, not bad input (that is dropped where it is read): make it loud, and
+            # make publish() refuse instead of queueing records nobody will send.
+            log.exception("dafka producer stopped on an error", producer=self.address)
+            self._failed = True
+            self._left = self.unacked_count()
+        finally:
+            beacon.stop()
+            beacon.close()
+            for sock in (pipe, pub, sub):
+                sock.close()
+
+    def _loop(self, pipe: zmq.Socket, pub: zmq.Socket, sub: zmq.Socket, beacon: Beacon) -> None:
+        unacked = UnackedList()
+        record_prefix = self._prefix(proto.RECORD, self.topic)
+        direct_prefixes: dict[str, bytes] = {}
+        topic = self.topic
+        queue = self._queue
+        send = pub.send
+        more = zmq.SNDMORE
+        pack = _PACK_SEQ
+        next_seq = 0  # what unacked.push() will return next
+        next_head = math.inf  # ms; the HEAD timer starts with the first record
+        terminating = False
+
+        poller = zmq.Poller()
+        poller.register(pipe, zmq.POLLIN)
+        poller.register(sub, zmq.POLLIN)
+        poller.register(beacon.socket, zmq.POLLIN)
+
+        while True:
+            now = now_ms()
+            wait = min(next_head, beacon.next_deadline_ms()) - now
+            if queue:
+                wait = 0
+            elif terminating:
+                # Wake up for the close() deadline even when nothing else happens.
+                wait = min(wait, max(0, (self._term_deadline - time.monotonic()) * 1000))
+            events = dict(poller.poll(int(max(0, min(wait, 1000)))))
+
+            if pipe in events:
+                while True:
+                    try:
+                        command = pipe.recv(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    if command == _TERM:
+                        terminating = True
+                # Reset before draining: a publish after this point sends a new wake-up,
+                # one before it has its record in the deque already.
+                with self._lock:
+                    self._wake_pending = False
+
+            if beacon.socket in events:
+                apply_events(beacon.handle(), sub)
+
+            if sub in events:
+                self._handle_sub(sub, pub, unacked, direct_prefixes, topic)
+                self._released = next_seq - len(unacked)
+
+            if queue:
+                taken = 0
+                popleft = queue.popleft
+                push = unacked.push
+                while taken < _BATCH:
+                    try:
+                        content = popleft()
+                    except IndexError:
+                        break
+                    seq = push(content)
+                    send(record_prefix + pack(seq), more)
+                    send(content)
+                    taken += 1
+                if taken and next_seq == 0:
+                    next_head = now_ms() + self._head_interval
+                next_seq += taken
+                self._released = next_seq - len(unacked)
+
+            now = now_ms()
+            if now >= next_head:
+                head = proto.Message(
+                    proto.HEAD,
+                    self._topic_bytes,
+                    address=self.address,
+                    subject=topic,
+                    sequence=next_seq - 1,
+                )
+                pub.send_multipart(proto.encode(head))
+                next_head = now + self._head_interval
+            apply_events(beacon.tick(now), sub)
+
+            if terminating and not queue:
+                left = len(unacked)
+                if left == 0 or time.monotonic() >= self._term_deadline:
+                    self._left = left
+                    return
+
+    def _handle_sub(
+        self,
+        sub: zmq.Socket,
+        pub: zmq.Socket,
+        unacked: UnackedList,
+        direct_prefixes: dict[str, bytes],
+        topic: str,
+    ) -> None:
+        """Drain ACKs and FETCHes (both addressed to this partition by subscription)."""
+        while True:
+            try:
+                frames = sub.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                msg = proto.decode(frames)
+            except proto.MalformedMessage:
+                continue
+            if msg.subject != topic:
+                continue
+            if msg.id == proto.ACK:
+                unacked.ack(msg.sequence)
+            elif msg.id == proto.FETCH:
+                # Below the first unacked record the stores must answer (spec §3).
+                if msg.sequence < unacked.first_sequence:
+                    continue
+                prefix = direct_prefixes.get(msg.address)
+                if prefix is None:
+                    if len(direct_prefixes) > 10_000:
+                        direct_prefixes.clear()
+                    prefix = self._prefix(proto.DIRECT_RECORD, msg.address)
+                    direct_prefixes[msg.address] = prefix
+                for seq, content in unacked.records(msg.sequence, msg.count):
+                    pub.send(prefix + _PACK_SEQ(seq), zmq.SNDMORE)
+                    pub.send(content)
+
+    def _prefix(self, msg_id: int, routing: str) -> bytes:
+        """Frame 1 of a (DIRECT_)RECORD of this partition minus its 8 sequence bytes.
+
+        Built once with the codec, so the bytes stay exactly the codec's; per record only
+        the packed sequence is appended.
+        """
+        encoder = proto.RecordEncoder(routing, self.address, self.topic, msg_id)
+        return encoder.frame1(0)[:-8]
