@@ -8,7 +8,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PORT ?= 6380
 PYTEST_ARGS ?=
 
-.PHONY: run test venv system-packages lint typecheck pytest bench clean
+.PHONY: run test venv system-packages lint typecheck pytest bench bench-dafka clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,10 @@ test: system-packages venv lint typecheck pytest
 
 bench: venv system-packages
 	$(BIN)/python bench/run.py
+
+# The Dafka programs (tower, store, perf tools) as processes on loopback: throughput, latency.
+bench-dafka: venv
+	$(BIN)/python bench/dafka.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
@@ -17,7 +18,14 @@ from typing import IO
 import pytest
 import structlog
 
-from backends.dafka.tools import console_consumer, console_producer, perf_store, stored, towerd
+from backends.dafka.tools import (
+    console_consumer,
+    console_producer,
+    perf_consumer,
+    perf_store,
+    stored,
+    towerd,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -171,6 +179,33 @@ def test_perf_store_and_perf_consumer_report(cluster: Cluster, tmp_path: Path) -
         assert float(mbits.group(1)) == pytest.approx(int(msgs.group(1)) * 64 * 8 / 1e6, abs=1e-3)
 
 
+def test_paced_timestamped_records_give_latency_percentiles(cluster: Cluster) -> None:
+    # 2000 records at 2000/s; the consumer (latest) needs only 500 of them, so joining
+    # during the first half of the run is enough.
+    consumer = Proc("perf_consumer", "-c", str(cluster.config), "--latency", "500", "100")
+    store = Proc(
+        "perf_store", "-c", str(cluster.config), "--rate", "2000", "--timestamp", "2000", "100"
+    )
+    assert store.wait(60) == 0, store.stderr_lines
+    assert consumer.wait(60) == 0, consumer.stderr_lines
+    store_lines = [store.line(1) for _ in range(5)]
+    paced = re.fullmatch(r"mean throughput: (\d+) \[msg/s\]", store_lines[3])
+    assert paced, store_lines
+    assert 1000 < int(paced.group(1)) <= 2000, "--rate did not pace publishing"
+    lines = [consumer.line(1) for _ in range(10)]
+    assert lines[0] == "Received first"
+    assert lines[1:3] == ["message size: 100 [B]", "message count: 500"]
+    names = ["p50", "p90", "p99", "p99.9", "max"]
+    figures = [
+        re.fullmatch(rf"latency {name}: (\d+) \[us\]", line)
+        for name, line in zip(names, lines[5:], strict=True)
+    ]
+    assert all(figures), lines
+    micros = [int(m.group(1)) for m in figures if m]
+    assert micros == sorted(micros), "percentiles must not decrease"
+    assert 0 < micros[-1] < 10_000_000, "a latency is not a plausible delay"
+
+
 def test_console_producer_without_tower_fails_with_a_message(tmp_path: Path) -> None:
     config = tmp_path / "none.cfg"
     config.write_text(
@@ -220,6 +255,8 @@ def test_usage_errors_and_bad_config(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "the following arguments are required: topic" in capsys.readouterr().err
     assert perf_store.main(["0", "10"]) == 2
     assert "count must be >= 1" in capsys.readouterr().err
+    assert perf_store.main(["--timestamp", "10", "4"]) == 2
+    assert "--timestamp needs size >= 8" in capsys.readouterr().err
     bad = tmp_path / "bad.cfg"
     bad.write_text("tower\n  pub_address = x\n")
     assert towerd.main(["-c", str(bad)]) == 1
@@ -228,3 +265,25 @@ def test_usage_errors_and_bad_config(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "cannot bind 'tcp://127.0.0.1:notaport' from tower/pub_address" in (
         capsys.readouterr().err
     )
+
+
+def test_publish_all_stamps_each_record_with_its_publish_time() -> None:
+    published: list[bytes] = []
+    before = time.monotonic_ns()
+    perf_store.publish_all(published.append, 50, 100, rate=0, timestamp=True)
+    after = time.monotonic_ns()
+    assert [len(record) for record in published] == [100] * 50
+    stamps = [perf_store.STAMP.unpack_from(record)[0] for record in published]
+    assert before <= stamps[0] and stamps == sorted(stamps) and stamps[-1] <= after
+    assert all(record[8:] == bytes(92) for record in published)
+
+
+def test_latency_percentiles_are_nearest_rank() -> None:
+    ordered = list(range(1, 1001))
+    assert [perf_consumer.percentile(ordered, p) for p in (50, 99, 99.9, 100)] == [
+        500,
+        990,
+        999,
+        1000,
+    ]
+    assert perf_consumer.percentile([7], 50) == 7
