@@ -1,0 +1,27 @@
+"""Command handlers, one module per family, and the dispatcher."""
+
+from __future__ import annotations
+
+from gateway import errors
+from gateway.commands.base import Reply, text
+from gateway.commands.table import COMMANDS
+from gateway.session import Session
+
+__all__ = ["COMMANDS", "dispatch"]
+
+
+def dispatch(session: Session, args: list[bytes]) -> Reply:
+    """Run one command: its reply, or an awaitable for commands that wait.
+
+    Raises errors.RespError for an error reply.
+    """
+    if not args:
+        raise errors.not_supported("")  # `*0`: Rafka's text, trailing space included
+    name = args[0].upper()
+    spec = COMMANDS.get(name)
+    if not session.authenticated and (spec is None or not spec.no_auth):
+        raise errors.noauth()
+    session.ctx.monitors.publish(session.id, args)
+    if spec is None:
+        raise errors.not_supported(text(name))
+    return spec.handler(session, args)

@@ -1,0 +1,47 @@
+"""`rafka`: the command-line entry point (console script)."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Sequence
+
+import confluent_kafka
+import structlog
+
+from gateway import __version__, logs
+from gateway.config import Config, ConfigError, from_args
+from gateway.resp_server import start_server
+
+log = structlog.get_logger("rafka")
+
+
+async def serve(config: Config) -> None:
+    server = await start_server(config)
+    await server.serve_until_signal()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the gateway until SIGTERM/SIGINT; the exit code is 0 after a clean shutdown."""
+    try:
+        config = from_args(sys.argv[1:] if argv is None else argv)
+    except ConfigError as error:
+        print(f"rafka: {error}", file=sys.stderr)
+        return 1
+    logs.configure(config.log_format, config.log_level)
+    log.info(
+        "starting",
+        version=__version__,
+        librdkafka=confluent_kafka.libversion()[0],
+        config=config.redacted(),
+    )
+    try:
+        asyncio.run(serve(config))
+    except OSError as error:  # e.g. the port is taken
+        log.error("cannot listen", host=config.host, port=config.port, error=str(error))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

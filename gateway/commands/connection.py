@@ -1,0 +1,118 @@
+"""Connection commands: PING, QUIT, CLIENT, HELLO, AUTH, SELECT."""
+
+from __future__ import annotations
+
+import hmac
+
+from gateway import __version__, errors
+from gateway.commands.base import Reply, arg, text
+from gateway.resp import SimpleString
+from gateway.session import Session
+
+OK = SimpleString("OK")
+# Rafka answers SETNAME and QUIT with a bulk "OK", not +OK (spec §1.3).
+BULK_OK = b"OK"
+DEFAULT_USER = "default"
+
+
+def ping(session: Session, args: list[bytes]) -> Reply:
+    # Rafka ignores arguments (no echo, unlike Redis).
+    return SimpleString("PONG")
+
+
+def quit_(session: Session, args: list[bytes]) -> Reply:
+    session.quit = True
+    return BULK_OK
+
+
+def client(session: Session, args: list[bytes]) -> Reply:
+    sub = text(arg(args, 1)).upper()
+    if sub == "SETNAME":
+        session.set_name(text(arg(args, 2)))
+        return BULK_OK
+    if sub == "GETNAME":
+        return session.id.encode()
+    if sub == "ID":
+        return session.number
+    if sub == "SETINFO":
+        # Sent by current clients on connect; we keep nothing of it.
+        return OK
+    raise errors.not_supported(sub)
+
+
+def _password_ok(session: Session, user: str, password: bytes) -> bool:
+    configured = session.ctx.config.password
+    if user != DEFAULT_USER:
+        return False
+    if configured is None:
+        return True  # Redis's default user without a password accepts any.
+    return hmac.compare_digest(password, configured.encode())
+
+
+def auth(session: Session, args: list[bytes]) -> Reply:
+    if len(args) not in (2, 3):
+        raise errors.wrong_arity("auth")
+    if len(args) == 2 and session.ctx.config.password is None:
+        raise errors.auth_not_configured()
+    user = text(args[1]) if len(args) == 3 else DEFAULT_USER
+    if not _password_ok(session, user, args[-1]):
+        raise errors.wrongpass()
+    session.authenticated = True
+    return OK
+
+
+def hello(session: Session, args: list[bytes]) -> Reply:
+    """HELLO [protover [AUTH user pass] [SETNAME name]], checked in Redis's order."""
+    version: int | None = None
+    if len(args) >= 2:
+        try:
+            version = int(args[1])
+        except ValueError:
+            raise errors.protocol_not_integer() from None
+        if version not in (2, 3):
+            raise errors.noproto()
+    credentials: tuple[str, bytes] | None = None
+    name: str | None = None
+    index = 2
+    while index < len(args):
+        option = text(args[index])
+        remaining = len(args) - index - 1
+        if option.upper() == "AUTH" and remaining >= 2:
+            credentials = (text(args[index + 1]), args[index + 2])
+            index += 3
+        elif option.upper() == "SETNAME" and remaining >= 1:
+            name = text(args[index + 1])
+            index += 2
+        else:
+            raise errors.hello_syntax(option)
+    if credentials is not None:
+        if not _password_ok(session, *credentials):
+            raise errors.wrongpass()
+        session.authenticated = True
+    if not session.authenticated:
+        raise errors.hello_noauth()
+    if name is not None:
+        session.set_name(name)
+    if version is not None:
+        session.protocol = version
+    return {
+        "server": "rafka",
+        "version": __version__,
+        "proto": session.protocol,
+        "id": session.number,
+        "mode": "standalone",
+        "role": "master",
+        "modules": [],
+    }
+
+
+def select(session: Session, args: list[bytes]) -> Reply:
+    if len(args) != 2:
+        raise errors.wrong_arity("select")
+    try:
+        index = int(args[1])
+    except ValueError:
+        raise errors.not_an_integer() from None
+    if index != 0:
+        raise errors.db_out_of_range()
+    return OK

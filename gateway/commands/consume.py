@@ -1,0 +1,229 @@
+"""The consuming side: BLPOP (consume one record) and RPUSH acks (store offsets)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+
+import structlog
+
+from backends.base import AckError, ConsumeError, Consumer, EngineError, Record
+from gateway import errors
+from gateway.commands.base import Reply, arg, text
+from gateway.config import property_value
+from gateway.goparse import GoParseError, parse_int, wrap_int64
+from gateway.resp import NULL_ARRAY
+from gateway.session import Session
+
+log = structlog.get_logger("rafka.gateway.consume")
+
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+_JSON_SPACE = " \t\n\r"
+
+
+# --- BLPOP key and timeout ---------------------------------------------------------------
+
+
+class _GoNumber(str):
+    """A JSON number kept as its literal text (Rafka's decoder uses json.Number)."""
+
+
+def _go_kind(value: object) -> str:
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, _GoNumber):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return "value"
+
+
+def parse_config_json(raw: str) -> dict[str, object] | None:
+    """Decode the JSON part of a BLPOP key as Rafka does; raises RespError #5.
+
+    Only the first JSON value counts (trailing bytes ignored), `null` means none, and a
+    value that is not an object is refused with Go's unmarshal wording.
+    """
+    stripped = raw.lstrip(_JSON_SPACE)
+    if not stripped:
+        raise errors.bad_consumer_config(raw, "EOF")
+    decoder = json.JSONDecoder(parse_int=_GoNumber, parse_float=_GoNumber)
+    try:
+        value, _ = decoder.raw_decode(stripped)
+    except json.JSONDecodeError as error:
+        raise errors.bad_consumer_config(raw, str(error)) from None
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        kind = _go_kind(value)
+        detail = f"json: cannot unmarshal {kind} into Go value of type map[string]interface {{}}"
+        raise errors.bad_consumer_config(raw, detail)
+    return value
+
+
+def parse_topics_key(key: str) -> tuple[list[str], dict[str, object] | None]:
+    """`topics:<t1>[,<t2>...][:<json>]` -> (topics, raw JSON settings or None)."""
+    parts = key.split(":", 2)
+    if len(parts) < 2 or parts[0] != "topics":
+        raise errors.cannot_parse_topics(key)
+    topics = parts[1].split(",")
+    settings = parse_config_json(parts[2]) if len(parts) == 3 and parts[2] else None
+    return topics, settings
+
+
+def parse_timeout(raw: bytes, default: float) -> float | None:
+    """Seconds to wait (None = forever). Not a number -> Rafka's default."""
+    candidate = raw.decode("latin-1")
+    if not _NUMBER.fullmatch(candidate):
+        return default
+    seconds = float(candidate)
+    if seconds < 0:
+        raise errors.timeout_negative()
+    if seconds == 0 or math.isinf(seconds):
+        return None
+    return seconds
+
+
+def record_reply(record: Record) -> Reply:
+    return [
+        b"topic",
+        record.topic.encode(),
+        b"partition",
+        record.partition,
+        b"offset",
+        record.offset,
+        b"value",
+        record.value,
+    ]
+
+
+def blpop(session: Session, args: list[bytes]) -> Reply:
+    """BLPOP topics:<t1,t2>[:<json>] [...] <timeout>, in Rafka's processing order."""
+    ctx = session.ctx
+    topics, settings = parse_topics_key(text(arg(args, 1)))
+    timeout = parse_timeout(args[-1], ctx.config.blpop_default_timeout)
+    if ctx.shutting_down:
+        raise errors.server_shutdown()
+    if not session.name_set:
+        raise errors.not_ready()
+    consumer_id = f"{session.id}|{','.join(topics)}"
+    if session.consumer is not None:
+        if consumer_id != session.consumer_id:
+            assert session.consumer_id is not None
+            raise errors.consumer_exclusive(session.id, session.consumer_id, consumer_id)
+        # Same topics: reuse; a later BLPOP's JSON settings are ignored, as in Rafka.
+        return _next(session, session.consumer, timeout)
+    return _create_then_next(session, topics, settings or {}, consumer_id, timeout)
+
+
+def _overrides(settings: Mapping[str, object]) -> dict[str, str]:
+    return {key: property_value(key, value) for key, value in settings.items()}
+
+
+async def _create_then_next(
+    session: Session,
+    topics: Sequence[str],
+    settings: Mapping[str, object],
+    consumer_id: str,
+    timeout: float | None,
+) -> Reply:
+    ctx = session.ctx
+    failed = errors.consumer_registration_failed(consumer_id, session.id)
+    try:
+        if not session.group:
+            raise ValueError("empty group.id")
+        overrides = _overrides(settings)
+    except ValueError as error:
+        log.warning("consumer creation failed", consumer=consumer_id, cause=str(error))
+        raise failed from None
+    creation = asyncio.ensure_future(
+        ctx.engine.consumer(session.group, session.client_name, topics, overrides)
+    )
+    try:
+        # Shielded: if this connection goes away meanwhile, the consumer still gets closed.
+        consumer = await asyncio.shield(creation)
+    except EngineError as error:
+        log.warning("consumer creation failed", consumer=consumer_id, cause=str(error))
+        raise failed from None
+    except asyncio.CancelledError:
+        creation.add_done_callback(_close_orphan)
+        raise
+    session.consumer = consumer
+    session.consumer_id = consumer_id
+    log.info("consumer registered", consumer=consumer_id, topics=list(topics))
+    return await _next(session, consumer, timeout)
+
+
+def _close_orphan(creation: asyncio.Future[Consumer]) -> None:
+    if creation.cancelled() or creation.exception() is not None:
+        return
+    task = asyncio.ensure_future(creation.result().close())
+    _ORPHAN_CLOSES.add(task)
+    task.add_done_callback(_ORPHAN_CLOSES.discard)
+
+
+# Keeps orphan-close tasks referenced until they finish.
+_ORPHAN_CLOSES: set[asyncio.Future[None]] = set()
+
+
+async def _next(session: Session, consumer: Consumer, timeout: float | None) -> Reply:
+    stop = session.ctx.shutdown_started
+    if stop.done():
+        raise errors.server_shutdown()
+    wait = asyncio.ensure_future(consumer.next(timeout))
+    try:
+        await asyncio.wait((wait, stop), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not wait.done():
+            wait.cancel()
+            await asyncio.gather(wait, return_exceptions=True)
+    # A record that arrived together with the shutdown is still handed out.
+    if wait.cancelled():
+        raise errors.server_shutdown()
+    try:
+        record = wait.result()
+    except ConsumeError as error:
+        raise errors.poll_failed(str(error)) from None
+    if record is None:
+        return NULL_ARRAY
+    return record_reply(record)
+
+
+# --- RPUSH acks ----------------------------------------------------------------------------
+
+
+def _parse_ack(raw: bytes) -> tuple[str, int, int]:
+    parts = raw.split(b":", 2)
+    if len(parts) < 3:
+        raise errors.cannot_parse_ack(text(raw))
+    try:
+        partition = parse_int(parts[1], 10, 32)
+        offset = parse_int(parts[2], 0, 64)
+    except GoParseError as error:
+        raise errors.parse_int_failed(str(error)) from None
+    return text(parts[0]), partition, offset
+
+
+def rpush(session: Session, args: list[bytes]) -> Reply:
+    """RPUSH acks <topic>:<partition>:<offset> [...]: all checked first, then stored."""
+    if arg(args, 1).upper() != b"ACKS":
+        raise errors.rpush_only_acks()
+    acks = [_parse_ack(raw) for raw in (args[2:] or [b""])]
+    consumer = session.consumer
+    if consumer is None:
+        raise errors.no_consumer(session.id)
+    for _, _, offset in acks:
+        position = wrap_int64(offset + 1)  # Go's int64 arithmetic, as in Rafka
+        if position < 0:
+            raise errors.negative_offset(position)
+    for topic, partition, offset in acks:
+        try:
+            consumer.ack(topic, partition, offset)
+        except AckError as error:
+            raise errors.ack_refused(str(error)) from None
+    return len(acks)

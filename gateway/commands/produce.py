@@ -1,0 +1,52 @@
+"""The producing side: RPUSHX (produce) and DUMP (wait for this session's records)."""
+
+from __future__ import annotations
+
+from backends.base import ProduceError, Producer, ProducerCreationError
+from gateway import errors
+from gateway.commands.base import Reply, text
+from gateway.goparse import GoParseError, parse_int
+from gateway.session import Session
+
+
+def session_producer(session: Session) -> Producer:
+    """The session's producer, created on first use (raises `PROD Error spawning ...`)."""
+    if session.producer is None:
+        try:
+            session.producer = session.ctx.engine.producer(session.id)
+        except ProducerCreationError as error:
+            raise errors.producer_spawn_failed(str(error)) from None
+    return session.producer
+
+
+def rpushx(session: Session, args: list[bytes]) -> Reply:
+    """RPUSHX <prefix>:<topic>[:<key>] <message> [<message> ...] -> messages enqueued."""
+    if len(args) < 3:
+        raise errors.rpushx_arity(len(args) - 1)
+    parts = args[1].split(b":")
+    if len(parts) not in (2, 3):
+        raise errors.rpushx_form()
+    # Rafka does not check the prefix: `x:foo` produces to `foo` too.
+    topic = text(parts[1])
+    key = parts[2] if len(parts) == 3 else None
+    producer = session_producer(session)
+    for value in args[2:]:
+        try:
+            producer.produce(topic, key, value)
+        except ProduceError as error:
+            raise errors.produce_refused(str(error)) from None
+    return len(args) - 2
+
+
+def dump(session: Session, args: list[bytes]) -> Reply:
+    """DUMP <timeout ms> -> how many of this session's records are still outstanding."""
+    producer = session.producer
+    if producer is None:
+        return 0  # before the argument checks, as in Rafka
+    if len(args) != 2:
+        raise errors.dump_arity(len(args) - 1)
+    try:
+        millis = parse_int(args[1], 10, 64)
+    except GoParseError:
+        raise errors.dump_nan() from None
+    return producer.flush(max(millis, 0) / 1000)

@@ -1,0 +1,304 @@
+"""Configuration: Rafka's librdkafka JSON file plus our `gateway` section and CLI flags.
+
+Built once, at start, into the frozen `Config`. Precedence, highest first: command-line
+flags, the file's `gateway` section, the defaults below.
+
+File format (Rafka 0.6.2, spec §8.2)::
+
+    {"general": {...}, "consumer": {...}, "producer": {...}, "gateway": {...}}
+
+- `general` is merged under `consumer` and `producer` for keys they do not set.
+- Values are strings, numbers (kept as their literal JSON text) or booleans
+  ("true"/"false"); anything else is refused at load time, naming the key.
+- `go.*` keys (Go client settings) are accepted and stripped.
+- Missing sections are empty; unknown top-level keys are ignored, as in Rafka.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from gateway import __version__
+
+REDACTED = "[redacted]"
+SECRET_MARKERS = ("password", "secret", "sasl.oauthbearer", "ssl.key", "token")
+ENGINES = ("kafka",)
+LOG_FORMATS = ("console", "json")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+LIBRDKAFKA_SECTIONS = ("general", "consumer", "producer")
+
+
+class ConfigError(Exception):
+    """A bad configuration file or flag; the message names the problem."""
+
+
+def _empty() -> Mapping[str, str]:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything the server needs, fixed at start."""
+
+    host: str = "0.0.0.0"
+    port: int = 6380
+    engine: str = "kafka"
+    # When set, clients must AUTH (or HELLO ... AUTH) before any other command.
+    password: str | None = None
+    max_clients: int = 10_000
+    # Seconds a connection may stay silent before it is closed; 0 = never.
+    idle_timeout: float = 0.0
+    # RESP parser limits (gateway.resp.ParserLimits).
+    max_arguments: int = 1024 * 1024
+    max_bulk_length: int = 32_768_000
+    max_inline_length: int = 64 * 1024
+    max_query_buffer: int = 64 * 1024 * 1024
+    # BLPOP timeout when the last argument is not a number (Rafka's hard-coded 5 s).
+    blpop_default_timeout: float = 5.0
+    # How long a closing session's producer may flush (Rafka's hard-coded 5 s).
+    producer_close_timeout: float = 5.0
+    # Bound on the whole shutdown sequence; work still pending after it is abandoned.
+    shutdown_timeout: float = 30.0
+    # Bound on engine metadata calls (KEYS topics:).
+    metadata_timeout: float = 5.0
+    # Lines a MONITOR connection may have queued before new ones are dropped (Rafka: 1000).
+    monitor_queue_size: int = 1000
+    log_format: str = "console"
+    log_level: str = "info"
+    # librdkafka properties, `general` already merged in and `go.*` stripped.
+    consumer: Mapping[str, str] = field(default_factory=_empty)
+    producer: Mapping[str, str] = field(default_factory=_empty)
+    config_path: str | None = None
+
+    def redacted(self) -> dict[str, Any]:
+        """The configuration as a dict fit for logging: every secret replaced."""
+        out: dict[str, Any] = {}
+        for item in fields(self):
+            value = getattr(self, item.name)
+            if item.name in ("consumer", "producer"):
+                out[item.name] = redact_properties(value)
+            elif item.name == "password" and value is not None:
+                out[item.name] = REDACTED
+            else:
+                out[item.name] = value
+        return out
+
+
+def is_secret(key: str) -> bool:
+    lowered = key.lower()
+    return any(marker in lowered for marker in SECRET_MARKERS)
+
+
+def redact_properties(properties: Mapping[str, str]) -> dict[str, str]:
+    return {k: (REDACTED if is_secret(k) else v) for k, v in properties.items()}
+
+
+class JsonNumber(str):
+    """A JSON number kept as its literal text (so 1e3 and 10000000000000000001 survive)."""
+
+
+def _decoder() -> json.JSONDecoder:
+    return json.JSONDecoder(parse_int=JsonNumber, parse_float=JsonNumber)
+
+
+def property_value(key: str, value: object) -> str:
+    """A librdkafka property value as text; raises ValueError for other JSON types."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):  # includes JsonNumber
+        return str(value)
+    if isinstance(value, dict | list):
+        raise ValueError(f"{key}: nested objects and arrays are not allowed")
+    raise ValueError(f"{key}: must be a string, a number or a boolean, got null")
+
+
+# --- gateway section ---------------------------------------------------------------------
+
+
+def _as_int(key: str, value: object, minimum: int, maximum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, JsonNumber | int):
+        raise ConfigError(f"gateway.{key} must be an integer, got {value!r}")
+    try:
+        number = int(value)
+    except ValueError:
+        raise ConfigError(f"gateway.{key} must be an integer, got {value}") from None
+    if number < minimum or (maximum is not None and number > maximum):
+        upper = f" and <= {maximum}" if maximum is not None else ""
+        raise ConfigError(f"gateway.{key} must be >= {minimum}{upper}, got {number}")
+    return number
+
+
+def _as_seconds(key: str, value: object, *, allow_zero: bool) -> float:
+    if isinstance(value, bool) or not isinstance(value, JsonNumber | int | float):
+        raise ConfigError(f"gateway.{key} must be a number of seconds, got {value!r}")
+    number = float(value)
+    if not math.isfinite(number) or number < 0 or (number == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ConfigError(f"gateway.{key} must be a finite number {bound}, got {value}")
+    return number
+
+
+def _as_choice(key: str, value: object, choices: Sequence[str]) -> str:
+    if not isinstance(value, str) or isinstance(value, JsonNumber) or value not in choices:
+        raise ConfigError(f"gateway.{key} must be one of {', '.join(choices)}, got {value!r}")
+    return value
+
+
+def _as_text(key: str, value: object) -> str:
+    if not isinstance(value, str) or isinstance(value, JsonNumber):
+        raise ConfigError(f"gateway.{key} must be a string, got {value!r}")
+    return value
+
+
+def _engine(value: object) -> str:
+    if value == "dafka":
+        raise ConfigError("gateway.engine 'dafka' is not available in this version; use \"kafka\"")
+    return _as_choice("engine", value, ENGINES)
+
+
+_GATEWAY_KEYS: dict[str, Any] = {
+    "engine": _engine,
+    "host": lambda v: _as_text("host", v),
+    "port": lambda v: _as_int("port", v, 0, 65535),
+    "password": lambda v: _as_text("password", v),
+    "max_clients": lambda v: _as_int("max_clients", v, 1),
+    "idle_timeout": lambda v: _as_seconds("idle_timeout", v, allow_zero=True),
+    "max_arguments": lambda v: _as_int("max_arguments", v, 1),
+    "max_bulk_length": lambda v: _as_int("max_bulk_length", v, 1),
+    "max_inline_length": lambda v: _as_int("max_inline_length", v, 1),
+    "max_query_buffer": lambda v: _as_int("max_query_buffer", v, 1),
+    "blpop_default_timeout": lambda v: _as_seconds("blpop_default_timeout", v, allow_zero=False),
+    "producer_close_timeout": lambda v: _as_seconds("producer_close_timeout", v, allow_zero=True),
+    "shutdown_timeout": lambda v: _as_seconds("shutdown_timeout", v, allow_zero=False),
+    "metadata_timeout": lambda v: _as_seconds("metadata_timeout", v, allow_zero=False),
+    "monitor_queue_size": lambda v: _as_int("monitor_queue_size", v, 1),
+    "log_format": lambda v: _as_choice("log_format", v, LOG_FORMATS),
+    "log_level": lambda v: _as_choice("log_level", v, LOG_LEVELS),
+}
+
+
+def _gateway_settings(section: Mapping[str, object]) -> dict[str, Any]:
+    settings: dict[str, Any] = {}
+    for key, value in section.items():
+        convert = _GATEWAY_KEYS.get(key)
+        if convert is None:
+            known = ", ".join(sorted(_GATEWAY_KEYS))
+            raise ConfigError(f"unknown setting gateway.{key} (known: {known})")
+        settings[key] = convert(value)
+    return settings
+
+
+# --- librdkafka sections -----------------------------------------------------------------
+
+
+def _properties(name: str, section: object) -> dict[str, str]:
+    if section is None:
+        return {}
+    if not isinstance(section, dict):
+        raise ConfigError(f"section '{name}' must be a JSON object")
+    out: dict[str, str] = {}
+    for key, value in section.items():
+        try:
+            out[key] = property_value(f"{name}.{key}", value)
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
+    return out
+
+
+def _client_properties(
+    section: dict[str, str], general: Mapping[str, str], name: str
+) -> MappingProxyType[str, str]:
+    merged = {**general, **section}
+    size = merged.get("go.events.channel.size")
+    if size is not None:
+        try:
+            int(size)
+        except ValueError:
+            raise ConfigError(
+                f"{name}.go.events.channel.size must be an integer, got {size!r}"
+            ) from None
+    return MappingProxyType({k: v for k, v in merged.items() if not k.startswith("go.")})
+
+
+def parse_document(text: str, source: str) -> dict[str, Any]:
+    """Check a configuration document; return Config keyword arguments."""
+    try:
+        document = _decoder().decode(text)
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"{source}: invalid JSON: {error}") from None
+    if not isinstance(document, dict):
+        raise ConfigError(f"{source}: the configuration must be a JSON object")
+    general = _properties("general", document.get("general"))
+    consumer = _properties("consumer", document.get("consumer"))
+    producer = _properties("producer", document.get("producer"))
+    gateway = document.get("gateway")
+    if gateway is not None and not isinstance(gateway, dict):
+        raise ConfigError("section 'gateway' must be a JSON object")
+    settings = _gateway_settings(gateway or {})
+    settings["consumer"] = _client_properties(consumer, general, "consumer")
+    settings["producer"] = _client_properties(producer, general, "producer")
+    return settings
+
+
+def load_file(path: str) -> dict[str, Any]:
+    if not path:
+        raise ConfigError("No librdkafka configuration provided")
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"cannot read configuration file {path}: {error}") from None
+    settings = parse_document(text, path)
+    settings["config_path"] = path
+    return settings
+
+
+# --- command line ------------------------------------------------------------------------
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise ConfigError(message)
+
+
+def argument_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="rafka", description="Kafka with a Redis API")
+    parser.add_argument(
+        "-c",
+        "--config",
+        default="librdkafka.json",
+        help="path to the JSON configuration file (default: librdkafka.json)",
+    )
+    parser.add_argument("--host", help="listen address (default: 0.0.0.0)")
+    parser.add_argument("-p", "--port", type=int, help="listen port (default: 6380)")
+    parser.add_argument("-v", "--version", action="version", version=f"rafka version {__version__}")
+    parser.add_argument("--log-json", action="store_true", help="log JSON lines")
+    return parser
+
+
+def from_args(argv: Sequence[str]) -> Config:
+    """The Config for a command line; raises ConfigError (or SystemExit for -h/-v)."""
+    args = argument_parser().parse_args(list(argv))
+    settings = load_file(args.config)
+    if args.host is not None:
+        settings["host"] = args.host
+    if args.port is not None:
+        if not 0 <= args.port <= 65535:
+            raise ConfigError(f"--port must be between 0 and 65535, got {args.port}")
+        settings["port"] = args.port
+    if args.log_json:
+        settings["log_format"] = "json"
+    return Config(**settings)
+
+
+def from_dict(document: Mapping[str, Any], **overrides: Any) -> Config:
+    """A Config from an in-memory document (tests, embedding); same checks as a file."""
+    settings = parse_document(json.dumps(document), "<dict>")
+    settings.update(overrides)
+    return Config(**settings)

@@ -1,0 +1,69 @@
+"""`python -m gateway.devrun --port 6380` (`make run`): a Tansu broker plus the gateway.
+
+Everything on this machine, nothing to configure: the Kafka engine points at a fresh
+in-memory Tansu broker. Ctrl-C or SIGTERM stops both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Sequence
+from types import MappingProxyType
+
+from backends.kafka.tansu import TansuBroker
+from gateway import logs
+from gateway.config import Config
+from gateway.resp_server import start_server
+
+
+def dev_config(bootstrap: str, host: str, port: int) -> Config:
+    common = {"bootstrap.servers": bootstrap}
+    return Config(
+        host=host,
+        port=port,
+        engine="kafka",
+        consumer=MappingProxyType(
+            {
+                **common,
+                "enable.auto.commit": "true",
+                "enable.auto.offset.store": "false",
+                "auto.commit.interval.ms": "1000",
+                "auto.offset.reset": "earliest",
+                "session.timeout.ms": "6000",
+            }
+        ),
+        producer=MappingProxyType({**common, "queue.buffering.max.ms": "5"}),
+    )
+
+
+async def _serve(config: Config, bootstrap: str) -> None:
+    server = await start_server(config)
+    print(
+        f"rafka listening on {config.host}:{server.port} (Kafka engine, Tansu broker at "
+        f"{bootstrap}); Ctrl-C stops",
+        flush=True,
+    )
+    await server.serve_until_signal()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gateway.devrun")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("-p", "--port", type=int, default=6380)
+    args = parser.parse_args(argv)
+    logs.configure()
+    with TansuBroker() as broker:
+        try:
+            asyncio.run(
+                _serve(dev_config(broker.bootstrap, args.host, args.port), broker.bootstrap)
+            )
+        except OSError as error:
+            print(f"cannot listen on {args.host}:{args.port}: {error}", file=sys.stderr)
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

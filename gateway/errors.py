@@ -1,0 +1,231 @@
+"""Every error text the gateway sends, byte for byte (spec §3 plus the Redis texts we add).
+
+A handler raises `RespError`; the server turns it into `-<text>\\r\\n`. Rafka's own texts
+carry a `CONS ` (consumer path), `PROD ` (producer path) or `ERR ` prefix, and none for
+unsupported commands; the Redis texts we added for HELLO/AUTH/SELECT are Redis's own.
+"""
+
+from __future__ import annotations
+
+
+class RespError(Exception):
+    """An error reply; `text` is exactly what follows the `-` on the wire."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def cons(text: str) -> RespError:
+    """A consumer-path error (`CONS ` prefix; rafka-rb raises ConsumeError)."""
+    return RespError(f"CONS {text}")
+
+
+def prod(text: str) -> RespError:
+    """A producer-path error (`PROD ` prefix; rafka-rb raises ProduceError)."""
+    return RespError(f"PROD {text}")
+
+
+def err(text: str) -> RespError:
+    """A generic error (`ERR ` prefix)."""
+    return RespError(f"ERR {text}")
+
+
+# --- CLIENT SETNAME (#1-#3) -------------------------------------------------------------
+
+
+def id_taken(new_id: str) -> RespError:
+    return cons(f"id {new_id} is already taken")
+
+
+def id_already_set(current_id: str) -> RespError:
+    return cons(f"Client ID is already set to {current_id}")
+
+
+def cannot_parse_group() -> RespError:
+    return cons("Cannot parse group.id")
+
+
+# --- BLPOP (#4-#10) -----------------------------------------------------------------------
+
+
+def cannot_parse_topics(key: str) -> RespError:
+    return cons(f"Cannot parse topics from `{key}`")
+
+
+def bad_consumer_config(raw_json: str, detail: str) -> RespError:
+    return cons(f"Error parsing configuration from '{raw_json}'; {detail}")
+
+
+def server_shutdown() -> RespError:
+    return cons("Server shutdown")
+
+
+def not_ready() -> RespError:
+    return cons("Connection not ready. Identify yourself using `CLIENT SETNAME` first")
+
+
+def consumer_registration_failed(consumer_id: str, client_id: str) -> RespError:
+    return cons(f"Failed to register Consumer '{consumer_id}' for Client '{client_id}'")
+
+
+def consumer_exclusive(client_id: str, existing_id: str, new_id: str) -> RespError:
+    return cons(
+        f"Client '{client_id}' has Consumer '{existing_id}' registered (new consID: '{new_id}')"
+    )
+
+
+def poll_failed(cause: str) -> RespError:
+    return cons(f"Poll {cause}")
+
+
+def timeout_negative() -> RespError:
+    # Redis's text for a negative BLPOP timeout (Rafka crashed instead).
+    return err("timeout is negative")
+
+
+# --- RPUSH acks (#11-#16) -----------------------------------------------------------------
+
+
+def rpush_only_acks() -> RespError:
+    return cons("You can only RPUSH to the 'acks' key")
+
+
+def cannot_parse_ack(ack: str) -> RespError:
+    return cons(f"Cannot parse ack: '{ack}'")
+
+
+def parse_int_failed(message: str) -> RespError:
+    """`message` is Go's strconv.ParseInt error text (see gateway.goparse)."""
+    return cons(message)
+
+
+def no_consumer(client_id: str) -> RespError:
+    return cons(f"No consumer registered for Client {client_id}")
+
+
+def negative_offset(position: int) -> RespError:
+    return cons(f"offset cannot be negative, got {position}")
+
+
+def ack_refused(cause: str) -> RespError:
+    return cons(cause)
+
+
+# --- RPUSHX / DUMP (#17-#22) --------------------------------------------------------------
+
+
+def rpushx_arity(count: int) -> RespError:
+    return prod(f"RPUSHX accepts 2 arguments, got {count}")
+
+
+def rpushx_form() -> RespError:
+    return prod("First argument must be in the form of 'topics:<topic>' or 'topics:<topic>:<key>'")
+
+
+def producer_spawn_failed(cause: str) -> RespError:
+    return prod(f"Error spawning producer: {cause}")
+
+
+def produce_refused(cause: str) -> RespError:
+    return prod(cause)
+
+
+def dump_arity(count: int) -> RespError:
+    return prod(f"DUMP accepts 1 argument, got {count}")
+
+
+def dump_nan() -> RespError:
+    return prod("NaN")
+
+
+# --- HGETALL / DEL / KEYS / MONITOR (#23-#27) ---------------------------------------------
+
+
+def expected_stats_key(key: str) -> RespError:
+    return err(f"Expected key to be 'stats', got {key}")
+
+
+def expected_topics_argument(arg: str) -> RespError:
+    return err(f"Expected argument to be 'topics:', got {arg}")
+
+
+def metadata_failed(cause: str) -> RespError:
+    return err(f"Error getting metadata: {cause}")
+
+
+def monitor_arguments() -> RespError:
+    return err("command 'monitor' does not accept any extra arguments")
+
+
+# --- Unsupported (#28) --------------------------------------------------------------------
+
+
+def not_supported(command: str) -> RespError:
+    # No prefix, and a trailing space when the command is empty (`*0`), as in Rafka.
+    return RespError(f"Command not supported: {command}")
+
+
+# --- Redis texts for the commands Rafka lacked --------------------------------------------
+
+
+def noauth() -> RespError:
+    return RespError("NOAUTH Authentication required.")
+
+
+def hello_noauth() -> RespError:
+    return RespError(
+        "NOAUTH HELLO must be called with the client already authenticated, otherwise the "
+        "HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and "
+        "select the RESP protocol version at the same time"
+    )
+
+
+def wrongpass() -> RespError:
+    return RespError("WRONGPASS invalid username-password pair or user is disabled.")
+
+
+def auth_not_configured() -> RespError:
+    return err(
+        "AUTH <password> called without any password configured for the default user. "
+        "Are you sure your configuration is correct?"
+    )
+
+
+def noproto() -> RespError:
+    return RespError("NOPROTO unsupported protocol version")
+
+
+def protocol_not_integer() -> RespError:
+    return err("Protocol version is not an integer or out of range")
+
+
+def hello_syntax(option: str) -> RespError:
+    return err(f"Syntax error in HELLO option '{option}'")
+
+
+def wrong_arity(command: str) -> RespError:
+    return err(f"wrong number of arguments for '{command.lower()}' command")
+
+
+def not_an_integer() -> RespError:
+    return err("value is not an integer or out of range")
+
+
+def db_out_of_range() -> RespError:
+    return err("DB index is out of range")
+
+
+def unknown_subcommand(subcommand: str, command: str) -> RespError:
+    return err(f"unknown subcommand '{subcommand}'. Try {command.upper()} HELP.")
+
+
+def max_clients_reached() -> RespError:
+    return err("max number of clients reached")
+
+
+def internal_error() -> RespError:
+    return err("internal error, see the server log")

@@ -1,0 +1,116 @@
+"""MONITOR fan-out (spec §10): every command of every connection, as one line per command.
+
+Line format (Rafka's): `+<unix seconds, 6 decimals> [0 <client id>] "<arg0>" "<arg1>"...\\r\\n`.
+Arguments are quoted without escaping, as Rafka does; only CR and LF are escaped (as
+`\\r`, `\\n`) so that a value cannot break the monitor's RESP framing. Each monitor has a
+bounded queue; when it is full new lines are dropped and the drop is logged once per burst.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+
+import structlog
+
+log = structlog.get_logger("rafka.gateway.monitor")
+
+# Arguments never shown to monitors (AUTH passwords).
+REDACTED_ARG = b"(redacted)"
+
+
+def _quote(arg: bytes) -> bytes:
+    if b"\r" in arg or b"\n" in arg:
+        arg = arg.replace(b"\r", b"\\r").replace(b"\n", b"\\n")
+    return b'"' + arg + b'"'
+
+
+def redact(args: Sequence[bytes]) -> Sequence[bytes]:
+    """Hide the secrets of AUTH and HELLO ... AUTH user pass."""
+    name = args[0].upper()
+    if name == b"AUTH":
+        return [args[0], *(REDACTED_ARG for _ in args[1:])]
+    if name == b"HELLO":
+        out = list(args)
+        for index, arg in enumerate(out):
+            if arg.upper() == b"AUTH":
+                for secret in range(index + 1, min(index + 3, len(out))):
+                    out[secret] = REDACTED_ARG
+        return out
+    return args
+
+
+def format_line(client_id: str, args: Sequence[bytes], now: float) -> bytes:
+    quoted = b" ".join(_quote(arg) for arg in redact(args))
+    return b"+%.6f [0 %s] %s\r\n" % (now, client_id.encode("utf-8", "replace"), quoted)
+
+
+class Monitor:
+    """One monitoring connection: a bounded queue and the task that writes it out."""
+
+    def __init__(self, label: str, writer: asyncio.StreamWriter, queue_size: int) -> None:
+        self.label = label
+        self._writer = writer
+        self._queue: asyncio.Queue[bytes] = asyncio.Queue(maxsize=queue_size)
+        self._dropped = 0
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="monitor-writer")
+
+    def offer(self, line: bytes) -> None:
+        try:
+            self._queue.put_nowait(line)
+        except asyncio.QueueFull:
+            if self._dropped == 0:
+                log.warning("monitor queue full, dropping lines", monitor=self.label)
+            self._dropped += 1
+
+    async def _run(self) -> None:
+        try:
+            while True:
+                lines = [await self._queue.get()]
+                while not self._queue.empty():
+                    lines.append(self._queue.get_nowait())
+                self._writer.write(b"".join(lines))
+                await self._writer.drain()
+                if self._dropped:
+                    log.warning("monitor lines dropped", monitor=self.label, count=self._dropped)
+                    self._dropped = 0
+        except (ConnectionError, RuntimeError):
+            # The connection is going away; its handler deregisters this monitor.
+            return
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
+class MonitorHub:
+    """The registered monitors, keyed by connection (not by client id, see §15.4)."""
+
+    def __init__(self) -> None:
+        self._monitors: dict[int, Monitor] = {}
+
+    def __len__(self) -> int:
+        return len(self._monitors)
+
+    def add(self, key: int, monitor: Monitor) -> None:
+        self._monitors[key] = monitor
+        monitor.start()
+        log.info("new monitor client", client=monitor.label, active_monitors=len(self._monitors))
+
+    async def remove(self, key: int) -> None:
+        monitor = self._monitors.pop(key, None)
+        if monitor is not None:
+            await monitor.stop()
+
+    def publish(self, client_id: str, args: Sequence[bytes]) -> None:
+        if not self._monitors or not args:
+            return
+        line = format_line(client_id, args, time.time())
+        for monitor in self._monitors.values():
+            monitor.offer(line)

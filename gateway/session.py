@@ -1,0 +1,117 @@
+"""Per-connection state and its cleanup.
+
+A session's id is its peer address (`ip:port`, `[::1]:port`) until CLIENT SETNAME sets
+`<group>:<name>...`; the id is unique among live connections. Closing a session releases
+what it owns exactly once: id and monitor registration at once (so the id can be
+reclaimed), then the consumer (closing commits acked offsets) and the producer (flushed
+for up to `producer_close_timeout`; the engine counts what is left as unflushed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import structlog
+
+from backends.base import Consumer, Producer
+from gateway import errors
+from gateway.context import ServerContext
+from gateway.monitor import Monitor
+
+log = structlog.get_logger("rafka.gateway.session")
+
+
+def peer_id(peername: object) -> str:
+    """Rafka's id for an unnamed client: Go's net.Addr String() form."""
+    if isinstance(peername, tuple) and len(peername) >= 2:
+        host, port = str(peername[0]), peername[1]
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return str(peername)
+
+
+class Session:
+    def __init__(self, ctx: ServerContext, peer: str) -> None:
+        self.ctx = ctx
+        self.number = ctx.next_number()
+        self.peer = peer
+        self.id = peer
+        self.name_set = False
+        self.group = ""
+        # librdkafka client.id: the segment between the first and second ':' of the name.
+        self.client_name = ""
+        self.protocol = 2
+        self.authenticated = ctx.config.password is None
+        self.producer: Producer | None = None
+        self.consumer: Consumer | None = None
+        self.consumer_id: str | None = None
+        self.monitoring = False
+        # Set by QUIT: the server closes the connection once the reply is written.
+        self.quit = False
+        # The connection's writer, for MONITOR output (set by the server).
+        self.writer: asyncio.StreamWriter | None = None
+        self._closed = False
+        # An unnamed id cannot displace a client that SETNAMEd to the same text.
+        ctx.clients.setdefault(self.id, self)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def set_name(self, name: str) -> None:
+        """CLIENT SETNAME, with Rafka's checks in Rafka's order (spec §2.1).
+
+        Check and store happen without an await in between, so two connections cannot
+        both take one id (Rafka's race).
+        """
+        if name in self.ctx.clients:
+            raise errors.id_taken(name)
+        if self.name_set:
+            raise errors.id_already_set(self.id)
+        if ":" not in name:
+            raise errors.cannot_parse_group()
+        self._unregister()
+        self.id = name
+        self.name_set = True
+        parts = name.split(":", 2)
+        self.group = parts[0]
+        self.client_name = parts[1]
+        self.ctx.clients[name] = self
+
+    def start_monitor(self, monitor: Monitor) -> None:
+        self.monitoring = True
+        self.ctx.monitors.add(self.number, monitor)
+
+    def _unregister(self) -> None:
+        if self.ctx.clients.get(self.id) is self:
+            del self.ctx.clients[self.id]
+
+    async def close(self) -> None:
+        """Release everything this session owns; later calls do nothing."""
+        if self._closed:
+            return
+        self._closed = True
+        self._unregister()
+        if self.monitoring:
+            await self.ctx.monitors.remove(self.number)
+        consumer, self.consumer = self.consumer, None
+        producer, self.producer = self.producer, None
+        await asyncio.gather(self._close_consumer(consumer), self._close_producer(producer))
+
+    async def _close_consumer(self, consumer: Consumer | None) -> None:
+        if consumer is None:
+            return
+        try:
+            await consumer.close()
+        except Exception:
+            log.exception("error closing consumer", client=self.id, consumer=self.consumer_id)
+
+    async def _close_producer(self, producer: Producer | None) -> None:
+        if producer is None:
+            return
+        try:
+            left = await producer.close(self.ctx.config.producer_close_timeout)
+        except Exception:
+            log.exception("error closing producer", client=self.id)
+            return
+        if left:
+            log.warning("producer closed with unflushed messages", client=self.id, unflushed=left)

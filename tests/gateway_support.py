@@ -1,0 +1,164 @@
+"""Helpers for the gateway tests: servers, raw sockets, topics, bounded waits."""
+
+from __future__ import annotations
+
+import secrets
+import socket
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import redis
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from backends.kafka.tansu import TansuBroker
+from gateway.config import Config, from_dict
+from gateway.runner import ServerThread
+
+T = TypeVar("T")
+
+# Tansu facts (see ARCHITECTURE.md): group joins take half of session.timeout.ms.
+CONSUMER = {
+    "session.timeout.ms": 2000,
+    "heartbeat.interval.ms": 500,
+    "auto.offset.reset": "earliest",
+    "enable.auto.commit": True,
+    "auto.commit.interval.ms": 500,
+    "enable.auto.offset.store": False,
+    "go.events.channel.enable": False,
+    "go.application.rebalance.enable": False,
+}
+PRODUCER = {
+    "queue.buffering.max.ms": 5,
+    "allow.auto.create.topics": False,
+    "topic.metadata.propagation.max.ms": 200,
+    "go.delivery.reports": True,
+}
+
+
+def kafka_config(broker: TansuBroker, gateway: dict[str, Any] | None = None) -> Config:
+    document = {
+        "general": {"bootstrap.servers": broker.bootstrap},
+        "consumer": CONSUMER,
+        "producer": PRODUCER,
+        "gateway": {"host": "127.0.0.1", "port": 0, **(gateway or {})},
+    }
+    return from_dict(document)
+
+
+@contextmanager
+def running(config: Config) -> Iterator[ServerThread]:
+    with ServerThread(config) as server:
+        yield server
+
+
+def wait_until(check: Callable[[], T], timeout: float, what: str, interval: float = 0.02) -> T:
+    """Poll `check` until it returns something truthy; fail naming `what` after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def new_topic(broker: TansuBroker, partitions: int = 4) -> str:
+    """A fresh topic `r-<6 hex>` (Rafka's test naming), created and confirmed."""
+    name = f"r-{secrets.token_hex(3)}"
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    futures = admin.create_topics([NewTopic(name, num_partitions=partitions)])
+    futures[name].result(10)
+
+    def visible() -> bool:
+        topic = admin.list_topics(timeout=5).topics.get(name)
+        return topic is not None and len(topic.partitions) == partitions
+
+    wait_until(visible, 10, f"topic {name} in the metadata")
+    return name
+
+
+def client(server: ServerThread, **kwargs: Any) -> redis.Redis:
+    return redis.Redis(host="127.0.0.1", port=server.port, socket_timeout=30, **kwargs)
+
+
+class Raw:
+    """A raw socket to the server, for tests where exact bytes matter."""
+
+    def __init__(self, port: int, timeout: float = 10.0) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+        self._buffer = b""
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def read_exact(self, size: int) -> bytes:
+        while len(self._buffer) < size:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise AssertionError(
+                    f"connection closed after {self._buffer!r}, expected {size} bytes"
+                )
+            self._buffer += chunk
+        data, self._buffer = self._buffer[:size], self._buffer[size:]
+        return data
+
+    def expect(self, expected: bytes) -> None:
+        got = self.read_exact(len(expected))
+        assert got == expected, f"expected {expected!r}, got {got!r}"
+
+    def read_line(self) -> bytes:
+        while b"\r\n" not in self._buffer:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise AssertionError(f"connection closed after {self._buffer!r}")
+            self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\r\n")
+        return line + b"\r\n"
+
+    def read_reply(self) -> Any:
+        """One whole reply, decoded (RESP2 and RESP3 types; errors as ("ERR", text))."""
+        line = self.read_line()[:-2]
+        kind, rest = line[:1], line[1:]
+        if kind in (b"+", b"-"):
+            return (kind.decode(), rest.decode()) if kind == b"-" else rest.decode()
+        if kind == b":":
+            return int(rest)
+        if kind == b"_":
+            return None
+        if kind == b"$":
+            size = int(rest)
+            return None if size < 0 else self.read_exact(size + 2)[:-2]
+        if kind in (b"*", b"~", b">"):
+            size = int(rest)
+            return None if size < 0 else [self.read_reply() for _ in range(size)]
+        if kind == b"%":
+            return {self.read_reply(): self.read_reply() for _ in range(int(rest))}
+        raise AssertionError(f"unexpected reply line {line!r}")
+
+    def command(self, *args: bytes | str) -> None:
+        parts = [b"*%d\r\n" % len(args)]
+        for arg in args:
+            data = arg.encode() if isinstance(arg, str) else arg
+            parts.append(b"$%d\r\n%b\r\n" % (len(data), data))
+        self.send(b"".join(parts))
+
+    def assert_closed(self, timeout: float = 5.0) -> None:
+        """The server closed the connection (EOF or reset) with nothing more to read."""
+        self.sock.settimeout(timeout)
+        try:
+            rest = self.sock.recv(65536)
+        except ConnectionResetError:
+            rest = b""
+        assert self._buffer + rest == b"", f"unexpected bytes {self._buffer + rest!r}"
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self) -> Raw:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

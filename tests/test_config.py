@@ -1,0 +1,224 @@
+"""Configuration file and command line: merging, typing, errors, redaction, exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from backends.kafka.tansu import TansuBroker, free_port
+from gateway import __version__
+from gateway.config import REDACTED, Config, ConfigError, from_args, from_dict
+from tests.gateway_support import wait_until
+
+# The console script installed with the package (pyproject [project.scripts]).
+RAFKA = [str(Path(sys.executable).parent / "rafka")]
+
+
+def write(tmp_path: Path, document: object) -> str:
+    path = tmp_path / "librdkafka.json"
+    path.write_text(json.dumps(document) if not isinstance(document, str) else document)
+    return str(path)
+
+
+def test_general_is_merged_under_each_section_without_overriding(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        {
+            "general": {"bootstrap.servers": "a:1", "session.timeout.ms": 6000, "x": "g"},
+            "consumer": {"x": "c", "enable.auto.commit": True, "go.events.channel.enable": False},
+            "producer": {"go.delivery.reports": True, "go.events.channel.size": 1000},
+        },
+    )
+    config = from_args(["-c", path])
+    assert dict(config.consumer) == {
+        "bootstrap.servers": "a:1",
+        "session.timeout.ms": "6000",
+        "x": "c",
+        "enable.auto.commit": "true",
+    }
+    assert dict(config.producer) == {
+        "bootstrap.servers": "a:1",
+        "session.timeout.ms": "6000",
+        "x": "g",
+    }
+    assert config.config_path == path
+
+
+def test_numbers_keep_their_literal_text_and_missing_sections_are_empty(tmp_path: Path) -> None:
+    path = write(tmp_path, '{"consumer": {"a": 1.50, "b": 12345678901234567890, "c": 1e3}}')
+    config = from_args(["-c", path])
+    assert dict(config.consumer) == {"a": "1.50", "b": "12345678901234567890", "c": "1e3"}
+    assert dict(config.producer) == {}
+    assert from_args(["-c", write(tmp_path, {})]).consumer == {}
+
+
+def test_gateway_section_and_flags(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        {
+            "gateway": {
+                "host": "127.0.0.2",
+                "port": 7000,
+                "password": "pw",
+                "max_clients": 3,
+                "idle_timeout": 1.5,
+                "blpop_default_timeout": 2,
+                "log_format": "json",
+                "max_arguments": 20,
+            }
+        },
+    )
+    config = from_args(["-c", path])
+    assert (config.host, config.port, config.password) == ("127.0.0.2", 7000, "pw")
+    assert (config.max_clients, config.idle_timeout, config.blpop_default_timeout) == (3, 1.5, 2)
+    assert (config.log_format, config.max_arguments) == ("json", 20)
+    # Flags win over the file.
+    flagged = from_args(["-c", path, "--host", "::1", "-p", "7001"])
+    assert (flagged.host, flagged.port) == ("::1", 7001)
+    assert from_args(["--config", write(tmp_path, {}), "--log-json"]).log_format == "json"
+    defaults = from_args(["-c", write(tmp_path, {})])
+    assert (defaults.host, defaults.port, defaults.engine) == ("0.0.0.0", 6380, "kafka")
+    assert (defaults.blpop_default_timeout, defaults.producer_close_timeout) == (5.0, 5.0)
+
+
+@pytest.mark.parametrize(
+    ("document", "message"),
+    [
+        ({"consumer": {"a": {"b": 1}}}, "consumer.a: nested objects and arrays are not allowed"),
+        ({"general": {"a": [1]}}, "general.a: nested objects and arrays are not allowed"),
+        ({"producer": {"a": None}}, "producer.a: must be a string, a number or a boolean"),
+        ({"consumer": []}, "section 'consumer' must be a JSON object"),
+        ({"gateway": {"engine": "dafka"}}, "gateway.engine 'dafka' is not available"),
+        ({"gateway": {"engine": "x"}}, "gateway.engine must be one of kafka"),
+        ({"gateway": {"port": "6380"}}, "gateway.port must be an integer"),
+        ({"gateway": {"port": 70000}}, "gateway.port must be >= 0 and <= 65535"),
+        ({"gateway": {"idle_timeout": -1}}, "gateway.idle_timeout must be a finite number >= 0"),
+        ({"gateway": {"shutdown_timeout": 0}}, "gateway.shutdown_timeout must be a finite"),
+        ({"gateway": {"log_format": "xml"}}, "gateway.log_format must be one of console, json"),
+        ({"gateway": {"colour": 1}}, "unknown setting gateway.colour"),
+        ({"producer": {"go.events.channel.size": "big"}}, "go.events.channel.size must be"),
+        ([], "the configuration must be a JSON object"),
+    ],
+)
+def test_bad_documents_name_the_problem(tmp_path: Path, document: Any, message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        from_args(["-c", write(tmp_path, document)])
+    assert message in str(caught.value)
+
+
+def test_secrets_are_redacted() -> None:
+    config = from_dict(
+        {
+            "general": {"sasl.password": "p1", "bootstrap.servers": "b:1"},
+            "consumer": {"ssl.key.password": "p2", "sasl.oauthbearer.config": "p3"},
+            "producer": {"my.token": "p4", "client.secret": "p5"},
+            "gateway": {"password": "p6"},
+        }
+    )
+    shown = json.dumps(config.redacted())
+    for secret in ("p1", "p2", "p3", "p4", "p5", "p6"):
+        assert f'"{secret}"' not in shown
+    assert config.redacted()["consumer"]["bootstrap.servers"] == "b:1"
+    assert config.redacted()["password"] == REDACTED
+    assert isinstance(config, Config)
+
+
+# --- the `rafka` command ---------------------------------------------------------------
+
+
+def run_rafka(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*RAFKA, *args], capture_output=True, text=True, timeout=30, cwd="/tmp", check=False
+    )
+
+
+def test_version_flag() -> None:
+    result = run_rafka("-v")
+    assert result.returncode == 0
+    assert result.stdout.strip() == f"rafka version {__version__}"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["-c", ""], "No librdkafka configuration provided"),
+        (["-c", "/nonexistent/x.json"], "cannot read configuration file /nonexistent/x.json"),
+        (["-p", "notaport"], "invalid int value: 'notaport'"),
+        (["--frobnicate"], "unrecognized arguments: --frobnicate"),
+    ],
+)
+def test_cli_errors_exit_non_zero_with_a_message(args: list[str], message: str) -> None:
+    result = run_rafka(*args)
+    assert result.returncode != 0
+    assert message in result.stderr
+
+
+def test_cli_bad_file_exits_non_zero(tmp_path: Path) -> None:
+    result = run_rafka("-c", write(tmp_path, '{"general": {"a": 1'))
+    assert result.returncode == 1
+    assert "invalid JSON" in result.stderr
+    result = run_rafka("-c", write(tmp_path, {"consumer": {"deep": {"x": 1}}}))
+    assert result.returncode == 1
+    assert "consumer.deep" in result.stderr
+
+
+def test_cli_port_in_use_exits_1(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_rafka("-c", write(tmp_path, {}), "--host", "127.0.0.1", "-p", str(port))
+    assert result.returncode == 1
+    assert "cannot listen" in result.stderr
+
+
+def test_cli_serves_then_exits_0_on_sigterm(tmp_path: Path, tansu: TansuBroker) -> None:
+    port = free_port()
+    path = write(
+        tmp_path,
+        {
+            "general": {"bootstrap.servers": tansu.bootstrap, "sasl.password": "hunter2"},
+            "producer": {"queue.buffering.max.ms": 5},
+        },
+    )
+    process = subprocess.Popen(
+        [*RAFKA, "-c", path, "--host", "127.0.0.1", "-p", str(port), "--log-json"],
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=10)
+
+        def pong() -> bool:
+            try:
+                return bool(client.ping())
+            except redis.ConnectionError:
+                return False
+
+        wait_until(pong, 15, "rafka to answer PING")
+        assert client.rpushx("topics:cli-topic", "m") == 1
+        assert client.execute_command("DUMP", "5000") == 0
+        client.close()
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 0
+    lines = [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
+    events = [line["event"] for line in lines]
+    assert "starting" in events and "Shutting down..." in events
+    assert "hunter2" not in stderr
+    started = next(line for line in lines if line["event"] == "starting")
+    assert started["config"]["producer"]["sasl.password"] == REDACTED

@@ -1,0 +1,284 @@
+"""Every command's replies and error texts (spec §2, §3, §11: G2-G13, A6-A12), driven
+over real sockets against a gateway with a real KafkaEngine on the Tansu fixture."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from backends.kafka.tansu import TansuBroker
+from gateway.runner import ServerThread
+from tests.gateway_support import Raw, client, kafka_config, new_topic, running, wait_until
+
+# Short default so that "non-numeric timeout -> default" is quick to observe.
+DEFAULT_TIMEOUT = 1.0
+
+
+@pytest.fixture(scope="module")
+def server(tansu: TansuBroker) -> Iterator[ServerThread]:
+    config = kafka_config(tansu, {"blpop_default_timeout": DEFAULT_TIMEOUT})
+    with running(config) as gateway:
+        yield gateway
+
+
+@pytest.fixture(scope="module")
+def topic(tansu: TansuBroker) -> str:
+    return new_topic(tansu)
+
+
+def group() -> str:
+    return f"g{secrets.token_hex(4)}"
+
+
+def named(server: ServerThread, name: str) -> Raw:
+    raw = Raw(server.port, timeout=20)
+    raw.command("CLIENT", "SETNAME", name)
+    raw.expect(b"$2\r\nOK\r\n")
+    return raw
+
+
+def consume(raw: Raw, key: str, timeout: str, attempts: int = 10) -> bytes:
+    """BLPOP until a record arrives (the first ones may time out during the group join)."""
+    for _ in range(attempts):
+        raw.command("BLPOP", key, timeout)
+        head = raw.read_line()
+        if head == b"*8\r\n":
+            return head + b"".join(raw.read_line() for _ in range(14))
+        assert head == b"*-1\r\n", f"unexpected {head!r}"
+    raise AssertionError(f"no record from {key} after {attempts} BLPOPs")
+
+
+# --- BLPOP ---------------------------------------------------------------------------------
+
+
+def test_blpop_needs_topics_key_then_setname(server: ServerThread) -> None:  # A6
+    with Raw(server.port) as raw:
+        raw.command("BLPOP", "foo", "1")
+        raw.expect(b"-CONS Cannot parse topics from `foo`\r\n")
+        raw.command("BLPOP")
+        raw.expect(b"-CONS Cannot parse topics from ``\r\n")
+        raw.command("BLPOP", "topics:foo", "1")
+        raw.expect(
+            b"-CONS Connection not ready. Identify yourself using `CLIENT SETNAME` first\r\n"
+        )
+        raw.command("BLPOP", 'topics:foo:{"a":', "1")
+        line = raw.read_line()
+        assert line.startswith(b"-CONS Error parsing configuration from '{\"a\":'; ")
+        raw.command("BLPOP", "topics:foo", "-1")
+        raw.expect(b"-ERR timeout is negative\r\n")
+
+
+def test_exclusive_consumer_and_timeouts(server: ServerThread, topic: str) -> None:  # G3, A7
+    name = f"{group()}:baz"
+    with named(server, name) as raw:
+        started = time.monotonic()
+        raw.command("BLPOP", f"topics:{topic}", "0.5")
+        raw.expect(b"*-1\r\n")  # nothing produced to this topic
+        assert 0.4 < time.monotonic() - started < 5
+        raw.command("BLPOP", f"topics:{topic},other", "0.2")
+        raw.expect(
+            f"-CONS Client '{name}' has Consumer '{name}|{topic}' registered "
+            f"(new consID: '{name}|{topic},other')\r\n".encode()
+        )
+        # Not a number: the configured default (Rafka's 5 s, 1 s here).
+        started = time.monotonic()
+        raw.command("BLPOP", f"topics:{topic}", "abc")
+        raw.expect(b"*-1\r\n")
+        assert DEFAULT_TIMEOUT * 0.8 < time.monotonic() - started < DEFAULT_TIMEOUT + 3
+        # Pipelined commands behind a waiting BLPOP wait their turn.
+        raw.send(f"BLPOP topics:{topic} 0.2\r\nPING\r\n".encode())
+        raw.expect(b"*-1\r\n+PONG\r\n")
+        # RESP3 timeout reply: the null.
+        raw.command("HELLO", "3")
+        assert raw.read_reply()[b"proto"] == 3
+        raw.command("BLPOP", f"topics:{topic}", "0.1")
+        raw.expect(b"_\r\n")
+
+
+def test_consumer_config_applies_at_creation_only(server: ServerThread, topic: str) -> None:  # G4
+    with named(server, f"{group()}:bar") as raw:
+        raw.command("BLPOP", f'topics:{topic}:{{"auto.offset.reset": "latest"}}', "0.1")
+        raw.expect(b"*-1\r\n")
+        raw.command("BLPOP", f'topics:{topic}:{{"auto.offset.reset": "malformed"}}', "0.1")
+        raw.expect(b"*-1\r\n")
+    for settings in ('{"invalid_option":"1"}', '{"session.timeout.ms":true}', '{"a":{"b":1}}'):
+        name = f"{group()}:bar2"
+        with named(server, name) as raw:
+            raw.command("BLPOP", f"topics:{topic}:{settings}", "0.1")
+            expected = f"-CONS Failed to register Consumer '{name}|{topic}' for Client '{name}'"
+            raw.expect(expected.encode() + b"\r\n")
+            # Nothing was registered: a valid BLPOP may follow on the same connection.
+            raw.command("BLPOP", f"topics:{topic}", "0.1")
+            raw.expect(b"*-1\r\n")
+    with named(server, ":nogroup") as raw:
+        raw.command("BLPOP", f"topics:{topic}", "0.1")
+        expected = f"-CONS Failed to register Consumer ':nogroup|{topic}' for Client ':nogroup'"
+        raw.expect(expected.encode() + b"\r\n")
+
+
+def test_blpop_timeout_zero_waits_for_a_record(server: ServerThread, tansu: TansuBroker) -> None:
+    fresh = new_topic(tansu, partitions=1)
+    with named(server, f"{group()}:forever") as raw, client(server) as producer:
+        raw.command("BLPOP", f"topics:{fresh}", "0")
+        wait_until(lambda: server.server.waiting_commands == 1, 10, "the BLPOP to wait")
+        raw.sock.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            raw.sock.recv(1)
+        raw.sock.setblocking(True)
+        assert producer.rpushx(f"topics:{fresh}", "late") == 1
+        reply = b"".join(raw.read_line() for _ in range(15))
+        assert reply.endswith(b"$5\r\nvalue\r\n$4\r\nlate\r\n")
+
+
+def test_disconnect_during_blpop_frees_id_and_consumer(server: ServerThread, topic: str) -> None:
+    name = f"{group()}:gone"
+    raw = named(server, name)
+    raw.command("BLPOP", f"topics:{topic}", "0")
+    wait_until(lambda: server.server.waiting_commands == 1, 10, "the BLPOP to wait")
+    raw.close()
+    # The id is free again as soon as the server noticed the disconnect.
+    wait_until(lambda: name not in server.server.ctx.clients, 10, "the id to be released")
+    with named(server, name) as again:
+        again.command("BLPOP", f"topics:{topic}", "0.1")
+        again.expect(b"*-1\r\n")
+
+
+# --- RPUSH acks ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (["acks", "sometopic:1:-5"], "CONS offset cannot be negative, got -4"),
+        (["acks", "sometopic:1:foo"], 'CONS strconv.ParseInt: parsing "foo": invalid syntax'),
+        (["acks", "sometopic:10"], "CONS Cannot parse ack: 'sometopic:10'"),
+        (["acks", "sometopic"], "CONS Cannot parse ack: 'sometopic'"),
+        (["acks"], "CONS Cannot parse ack: ''"),
+        (["wrongkey", "sometopic:1:5"], "CONS You can only RPUSH to the 'acks' key"),
+        (["acks", "t:x1:5"], 'CONS strconv.ParseInt: parsing "x1": invalid syntax'),
+        (
+            ["acks", "t:2147483648:5"],
+            'CONS strconv.ParseInt: parsing "2147483648": value out of range',
+        ),
+        (["acks", "t:1:08"], 'CONS strconv.ParseInt: parsing "08": invalid syntax'),
+        (["acks", "t:1:5", "t:1:bad"], 'CONS strconv.ParseInt: parsing "bad": invalid syntax'),
+        (
+            ["acks", "t:1:9223372036854775807"],
+            "CONS offset cannot be negative, got -9223372036854775808",
+        ),
+    ],
+)
+def test_ack_errors_with_a_consumer(
+    server: ServerThread, topic: str, args: list[str], error: str
+) -> None:  # G5
+    with named(server, f"{group()}:acker") as raw:
+        raw.command("BLPOP", f"topics:{topic}", "0.01")
+        raw.expect(b"*-1\r\n")
+        raw.command("RPUSH", *args)
+        raw.expect(f"-{error}\r\n".encode())
+
+
+def test_ack_without_consumer(server: ServerThread) -> None:  # A8
+    with Raw(server.port) as raw:
+        peer = f"127.0.0.1:{raw.sock.getsockname()[1]}"
+        raw.command("RPUSH", "acks", "t:0:1")
+        raw.expect(f"-CONS No consumer registered for Client {peer}\r\n".encode())
+        raw.command("rpush", "ACKS", "t:zz:1")  # parse errors come first
+        raw.expect(b'-CONS strconv.ParseInt: parsing "zz": invalid syntax\r\n')
+
+
+# --- RPUSHX / DUMP -------------------------------------------------------------------------
+
+
+def test_rpushx_errors(server: ServerThread) -> None:  # A9, G6
+    with Raw(server.port) as raw:
+        raw.command("RPUSHX", "topics:a")
+        raw.expect(b"-PROD RPUSHX accepts 2 arguments, got 1\r\n")
+        raw.command("RPUSHX")
+        raw.expect(b"-PROD RPUSHX accepts 2 arguments, got 0\r\n")
+        for key in ("topics:a:b:c", "invalid-arg"):
+            raw.command("RPUSHX", key, "a msg")
+            raw.expect(
+                b"-PROD First argument must be in the form of 'topics:<topic>' or "
+                b"'topics:<topic>:<key>'\r\n"
+            )
+
+
+def test_dump(server: ServerThread, topic: str) -> None:  # A10
+    with Raw(server.port) as raw:
+        raw.command("DUMP")
+        raw.expect(b":0\r\n")  # no producer yet: 0 before any argument check
+        raw.command("RPUSHX", f"topics:{topic}", "m")
+        raw.expect(b":1\r\n")
+        raw.command("DUMP", "5000")
+        raw.expect(b":0\r\n")
+        raw.command("DUMP", "abc")
+        raw.expect(b"-PROD NaN\r\n")
+        raw.command("DUMP")
+        raw.expect(b"-PROD DUMP accepts 1 argument, got 0\r\n")
+        raw.command("DUMP", "1", "2")
+        raw.expect(b"-PROD DUMP accepts 1 argument, got 2\r\n")
+
+
+def test_rpushx_prefix_not_checked_and_several_values(
+    server: ServerThread, tansu: TansuBroker
+) -> None:  # G7, multi-value RPUSHX
+    fresh = new_topic(tansu, partitions=1)
+    with client(server) as producer:
+        assert producer.rpushx(f"topic:{fresh}:bar", "a msg") == 1
+        assert producer.execute_command("RPUSHX", f"x:{fresh}", "b", "c", "d") == 3
+        assert producer.execute_command("DUMP", "5000") == 0
+    with named(server, f"{group()}:multi") as raw:
+        values = [consume(raw, f"topics:{fresh}", "1").split(b"\r\n")[-2] for _ in range(4)]
+        assert values == [b"a msg", b"b", b"c", b"d"]
+        # Acks: every one validated, then stored; the reply counts them.
+        raw.command("RPUSH", "acks", f"{fresh}:0:0", f"{fresh}:0:0x3")
+        raw.expect(b":2\r\n")
+
+
+def test_concurrent_producers(server: ServerThread, topic: str) -> None:  # G9
+    producers = [client(server) for _ in range(5)]
+    assert [p.rpushx(f"topics:{topic}", "a msg") for p in producers] == [1] * 5
+    for p in producers:
+        p.close()
+
+
+# --- HGETALL / DEL / KEYS ------------------------------------------------------------------
+
+
+def test_stats_key_checks(server: ServerThread) -> None:  # A11, G10
+    with Raw(server.port) as raw:
+        raw.command("HGETALL", "foo")
+        raw.expect(b"-ERR Expected key to be 'stats', got FOO\r\n")
+        raw.command("DEL", "foo")
+        raw.expect(b"-ERR Expected key to be 'stats', got FOO\r\n")
+        raw.command("HGETALL")
+        raw.expect(b"-ERR Expected key to be 'stats', got \r\n")
+        raw.command("DEL", "STATS", "ignored")
+        raw.expect(b":1\r\n")
+    stats = client(server, protocol=2).hgetall("stats")
+    assert int(stats[b"producer.delivery.errors"]) >= 0
+    assert int(stats[b"producer.unflushed.messages"]) >= 0
+
+
+def test_keys_lists_topics(server: ServerThread, topic: str) -> None:  # A12, G13
+    with Raw(server.port) as raw:
+        raw.command("KEYS", "*")
+        raw.expect(b"-ERR Expected argument to be 'topics:', got *\r\n")
+    names: Any = client(server).keys("topics:")
+    assert f"topics:{topic}".encode() in names
+    assert all(name.startswith(b"topics:") for name in names)
+
+
+def test_redis_py_errors_surface_as_response_errors(server: ServerThread) -> None:
+    c = client(server)
+    with pytest.raises(redis.ResponseError, match=r"^Command not supported: GET$"):
+        c.get("x")
+    with pytest.raises(redis.ResponseError, match="CONS Connection not ready"):
+        c.blpop(["topics:x"], 1)
+    c.close()

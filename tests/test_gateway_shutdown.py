@@ -1,0 +1,171 @@
+"""The shutdown sequence (spec §7 with the documented intent; A15, G1)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import Mapping, Sequence
+
+import pytest
+
+from backends.base import Consumer, Engine, Producer, Record, Stats
+from backends.kafka.engine import KafkaEngine
+from backends.kafka.tansu import TansuBroker
+from gateway.config import Config
+from gateway.runner import ServerThread
+from tests.gateway_support import Raw, client, kafka_config, new_topic, wait_until
+
+
+class HeldConsumer(Consumer):
+    """A real Kafka consumer whose close() first waits for the test's release.
+
+    Not a failure double: it only holds the shutdown in its "consumers are closing"
+    step, which otherwise lasts too short a time to observe deterministically.
+    """
+
+    def __init__(self, inner: Consumer, release: asyncio.Event) -> None:
+        self._inner = inner
+        self._release = release
+
+    async def next(self, timeout: float | None) -> Record | None:
+        return await self._inner.next(timeout)
+
+    def ack(self, topic: str, partition: int, offset: int) -> None:
+        self._inner.ack(topic, partition, offset)
+
+    async def close(self) -> None:
+        await self._release.wait()
+        await self._inner.close()
+
+
+class HoldingEngine(Engine):
+    """The real KafkaEngine, with consumer close held by `release` (see HeldConsumer)."""
+
+    def __init__(self, inner: KafkaEngine) -> None:
+        super().__init__(inner.stats)
+        self.inner = inner
+        self.release = asyncio.Event()
+
+    async def start(self) -> None:
+        await self.inner.start()
+
+    async def stop(self) -> None:
+        await self.inner.stop()
+
+    def producer(self, session_id: str) -> Producer:
+        return self.inner.producer(session_id)
+
+    async def consumer(
+        self, group: str, name: str, topics: Sequence[str], overrides: Mapping[str, str]
+    ) -> Consumer:
+        return HeldConsumer(await self.inner.consumer(group, name, topics, overrides), self.release)
+
+    async def topics(self) -> list[str]:
+        return await self.inner.topics()
+
+
+def engine_for(config: Config) -> HoldingEngine:
+    return HoldingEngine(KafkaEngine(Stats(), config.consumer, config.producer))
+
+
+def refused(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+def blpop_waiting(server: ServerThread, name: str, topic: str) -> Raw:
+    raw = Raw(server.port, timeout=20)
+    raw.command("CLIENT", "SETNAME", name)
+    raw.expect(b"$2\r\nOK\r\n")
+    raw.command("BLPOP", f"topics:{topic}", "0.05")  # creates the consumer
+    raw.expect(b"*-1\r\n")
+    raw.command("BLPOP", f"topics:{topic}", "0")  # waits until a record or shutdown
+    wait_until(lambda: server.server.waiting_commands == 1, 10, "the BLPOP to be waiting")
+    return raw
+
+
+def test_shutdown_sequence(tansu: TansuBroker) -> None:  # A15, G1
+    topic = new_topic(tansu)
+    config = kafka_config(tansu, {"shutdown_timeout": 30})
+    engine = engine_for(config)
+    server = ServerThread(config, engine=engine).start()
+    try:
+        consumer = blpop_waiting(server, "shut:cons", topic)
+        producer = Raw(server.port)  # connected before the signal, no producer yet
+        producer.command("PING")
+        producer.expect(b"+PONG\r\n")
+        done = server.shutdown_async()
+        # The waiting BLPOP answers at once.
+        consumer.expect(b"-CONS Server shutdown\r\n")
+        # Consumers are closing (held): existing and new connections are still served.
+        producer.command("RPUSHX", f"topics:{topic}", "during-drain")
+        producer.expect(b":1\r\n")
+        with Raw(server.port) as late:
+            late.command("PING")
+            late.expect(b"+PONG\r\n")
+            late.command("CLIENT", "SETNAME", "shut:late")
+            late.expect(b"$2\r\nOK\r\n")
+            late.command("BLPOP", f"topics:{topic}", "1")
+            late.expect(b"-CONS Server shutdown\r\n")
+            late.command("RPUSHX", f"topics:{topic}", "from-new-connection")
+            late.expect(b":1\r\n")
+            late.command("DUMP", "5000")
+            late.expect(b":0\r\n")
+        assert not done.done()
+        server.call(_set(engine.release))
+        done.result(30)
+        consumer.assert_closed()
+        producer.assert_closed()
+        assert refused(server.port)
+        stats = engine.stats.snapshot()
+        # Every record was delivered before the engine stopped: nothing left unflushed.
+        assert stats[Stats.UNFLUSHED] == 0
+        assert stats[Stats.DELIVERED] == 2
+        assert stats[Stats.CONNECTIONS_CURRENT] == 0
+    finally:
+        server.stop()
+
+
+async def _set(event: asyncio.Event) -> None:
+    event.set()
+
+
+def test_shutdown_is_bounded(tansu: TansuBroker) -> None:
+    topic = new_topic(tansu, partitions=1)
+    config = kafka_config(tansu, {"shutdown_timeout": 1})
+    engine = engine_for(config)
+    server = ServerThread(config, engine=engine).start()
+    consumer = blpop_waiting(server, "bound:cons", topic)
+    started = time.monotonic()
+    server.shutdown_async().result(20)  # the held consumer never closes by itself
+    elapsed = time.monotonic() - started
+    assert 0.9 < elapsed < 10
+    consumer.expect(b"-CONS Server shutdown\r\n")
+    consumer.assert_closed()
+    assert refused(server.port)
+    server.stop()
+
+
+def test_blpop_refused_after_shutdown_and_clean_exit(tansu: TansuBroker) -> None:
+    config = kafka_config(tansu)
+    with ServerThread(config) as server:
+        with client(server) as c:
+            assert c.ping()
+        assert server.server.connections == 0 or wait_until(
+            lambda: server.server.connections == 0, 5, "the connection to close"
+        )
+    assert refused(server.port)
+
+
+@pytest.mark.parametrize("repeat", [2])
+def test_shutdown_twice_is_one_shutdown(tansu: TansuBroker, repeat: int) -> None:
+    server = ServerThread(kafka_config(tansu)).start()
+    futures = [server.shutdown_async() for _ in range(repeat)]
+    for future in futures:
+        future.result(30)
+    assert refused(server.port)
+    server.stop()
