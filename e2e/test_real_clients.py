@@ -137,7 +137,10 @@ def test_sigterm_answers_blocked_consumer_and_exits_zero(
     server = RafkaProcess(write_config(tmp_path / "librdkafka.json", tansu.bootstrap))
     server.start()
     producer = redis.Redis(port=server.port, protocol=2)
-    consumer = redis.Redis(port=server.port, protocol=2, client_name="shut:down")
+    # redis-py 8 gives up reading after 5 s by default: a blocking BLPOP needs no limit.
+    consumer = redis.Redis(
+        port=server.port, protocol=2, client_name="shut:down", socket_timeout=None
+    )
     try:
         assert producer.rpushx(f"topics:{topic}", "before") == 1
         assert producer.execute_command("DUMP", "5000") == 0
