@@ -37,6 +37,7 @@ lint: venv
 
 typecheck: venv
 	$(BIN)/mypy
+	$(BIN)/mypy tests e2e bench
 
 pytest: venv system-packages
 	$(BIN)/pytest $(PYTEST_ARGS)

@@ -83,7 +83,7 @@ class RafkaProcess:
 
     def start(self) -> None:
         with self.stderr_path.open("wb") as stderr:
-            self.process = subprocess.Popen(
+            process = self.process = subprocess.Popen(
                 [
                     str(RAFKA),
                     "-c",
@@ -99,11 +99,11 @@ class RafkaProcess:
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )
         wait_until(
-            lambda: port_answers_ping(self.port) or self.process.poll() is not None,
+            lambda: port_answers_ping(self.port) or process.poll() is not None,
             20,
             f"rafka did not answer PING on port {self.port}",
         )
-        assert self.process.poll() is None, f"rafka exited at start: {self.stderr()}"
+        assert process.poll() is None, f"rafka exited at start: {self.stderr()}"
 
     def stderr(self) -> str:
         return self.stderr_path.read_text(errors="replace")
