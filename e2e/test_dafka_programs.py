@@ -165,31 +165,29 @@ def test_store_killed_mid_stream_loses_nothing_and_backfills_after_restart(
         store_a.stop(signal.SIGKILL)
         killed_at = stored_heads(db_a, topic)
         assert killed_at is not None and len(killed_at) <= 1 and all(h < 1000 for h in killed_at)
-        # stdin stays open: a live producer HEADs its partition every 100 ms, and HEAD (or a
-        # RECORD) is how a store learns what it lacks (spec §5.3). A store restarted after
-        # every producer is gone has no way to hear of the records it missed.
         producer.write_lines(expected[1000:])
         wait_until(lambda: len(consumer.lines) >= 2000, 30, "consumer did not get all 2000")
         assert contents(consumer) == expected, "records lost, duplicated or out of order"
         wait_until(
             lambda: stored_heads(db_b, topic) == [last], 30, "store B did not store all 2000"
         )
+        # The producer exits only once a store acknowledged every record; B did.
+        producer.close_stdin()
+        assert producer.wait_exit(30) == 0, producer.stderr()
 
         # Store A restarts on its data directory, behind by the records sent while it was
-        # dead; the producer's next HEAD makes it FETCH them, and store B's reader answers
-        # (the producer itself only answers for records no store has acknowledged yet).
+        # dead, with no producer left to HEAD the partition: it learns the head from store
+        # B's reader (hello handshake / GET_HEADS) and FETCHes the rest from it.
         store_a = Program("dafka-stored", "-c", str(a_cfg))
         programs.append(store_a)
         wait_until(
             lambda: stored_heads(db_a, topic) == [last],
             30,
-            f"restarted store A did not back-fill from {killed_at} to {last}",
+            f"restarted store A did not back-fill from {killed_at} to {last} without a producer",
         )
-        # The producer exits only once a store acknowledged every record.
-        producer.close_stdin()
-        assert producer.wait_exit(30) == 0, producer.stderr()
 
-        # B goes away: a consumer started after the producer exited reads everything from A.
+        # B goes away: a consumer started after the producer exited reads everything from A
+        # alone, so A holds the whole partition, in order.
         store_b.stop()
         late = Program("dafka-console-consumer", topic, "--from-beginning", "-c", str(common))
         programs.append(late)

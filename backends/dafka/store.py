@@ -19,7 +19,12 @@ Fixes and additions over C: a FETCH retry timer while a partition has a known ga
 `store/fetch_retry_timeout` ms without progress, default 60000, until new traffic shows
 the gap again), so back-fill does not wait for more traffic; malformed
 messages are dropped; the writer accepts a DIRECT_RECORD with sequence s > 0 for a partition
-it has nothing of as the partition's start (the other stores' oldest retained record).
+it has nothing of as the partition's start (the other stores' oldest retained record); a
+producer HEAD at or below the stored head is answered with ACK(stored head) at once, so a
+lost ACK does not leave the producer holding its records forever; and the writer learns
+heads from the other stores' readers (hello handshake, then GET_HEADS every
+`store/heads_interval` ms, default 5000) and FETCHes what they hold beyond its own heads,
+so a store restarted after every producer is gone still back-fills (see `_Writer._hello`).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import struct
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import structlog
 import zmq
@@ -51,6 +56,20 @@ _UNPACK_SEQ = struct.Struct(">Q").unpack_from
 _PACK_SEQ_COUNT = struct.Struct(">QI").pack
 _TERM = b"$TERM"
 _NONE = -1  # head of a partition with nothing stored
+
+
+def _recv_frames(sock: zmq.Socket) -> list[bytes]:
+    """The next message's frames without blocking (zmq.Again when there is none).
+
+    About 40% cheaper per message than `recv_multipart`, which asks the socket for RCVMORE
+    (a getsockopt) after every part; a zero-copy Frame knows `more` itself.
+    """
+    frame = sock.recv(zmq.NOBLOCK, copy=False)
+    frames = [frame.bytes]
+    while frame.more:  # the other parts are here already: a message arrives whole
+        frame = sock.recv(zmq.NOBLOCK, copy=False)
+        frames.append(frame.bytes)
+    return frames
 
 
 def wall_ms() -> int:
@@ -291,6 +310,9 @@ class _Writer(_Actor):
         super().__init__(store, store.address)
         self.retry_interval = max(10, self.config.get_int("store/fetch_retry_interval", 1000))
         self.retry_timeout = self.config.get_int("store/fetch_retry_timeout", 60_000)
+        # <= 0 turns the periodic GET_HEADS off (the hello handshake still runs).
+        self.heads_interval = self.config.get_int("store/heads_interval", 5000)
+        self.reader_uuid = store.reader_address
         self.filter = FetchFilter()
         self.partitions: dict[tuple[str, str], _Partition] = {}
         self.by_body: dict[bytes, _Partition] = {}  # raw record body -> partition
@@ -298,7 +320,9 @@ class _Writer(_Actor):
 
     def _open(self) -> list[zmq.Socket]:
         ctx = self.context
-        self.pub = ctx.socket(zmq.PUB)
+        # An XPUB (C: a PUB; the same to every SUB) so that we see a store reader's SUB
+        # subscribe `W<reader>`: from then on our CONSUMER_HELLO reaches that reader.
+        self.pub = ctx.socket(zmq.XPUB)
         self.direct = ctx.socket(zmq.SUB)
         self.msg = ctx.socket(zmq.SUB)
         for sock in (self.pub, self.direct, self.msg):
@@ -306,7 +330,11 @@ class _Writer(_Actor):
         for sock in (self.direct, self.msg):
             sock.rcvhwm = self.hwm
         self.pub.sndhwm = self.hwm
-        self.direct.setsockopt(zmq.SUBSCRIBE, proto.subscription(proto.DIRECT_RECORD, self.uuid))
+        self.pub.setsockopt(zmq.XPUB_VERBOSE, 1)  # every reader's `W`, not just the first
+        # DIRECT_RECORD: FETCH answers; DIRECT_HEAD: other stores' heads; STORE_HELLO: a
+        # store reader greets us once our SUB is connected to it (spec §4.4, as a consumer).
+        for kind in (proto.DIRECT_RECORD, proto.DIRECT_HEAD, proto.STORE_HELLO):
+            self.direct.setsockopt(zmq.SUBSCRIBE, proto.subscription(kind, self.uuid))
         self.msg.setsockopt(zmq.SUBSCRIBE, proto.subscription(proto.RECORD))
         self.msg.setsockopt(zmq.SUBSCRIBE, proto.subscription(proto.HEAD))
         self.port = bind_data_socket(self.pub, self.config)
@@ -314,24 +342,71 @@ class _Writer(_Actor):
 
     def _loop(self, pipe: zmq.Socket, beacon: Beacon) -> None:
         poller = zmq.Poller()
-        for sock in (pipe, self.direct, self.msg, beacon.socket):
+        for sock in (pipe, self.pub, self.direct, self.msg, beacon.socket):
             poller.register(sock, zmq.POLLIN)
         next_retry = now_ms() + self.retry_interval
+        never = 2**62
+        next_heads = now_ms() + self.heads_interval if self.heads_interval > 0 else never
         while True:
             now = now_ms()
-            wait = min(beacon.next_deadline_ms(), next_retry) - now
+            wait = min(beacon.next_deadline_ms(), next_retry, next_heads) - now
             events = dict(poller.poll(max(0, min(wait, 1000))))
             if pipe in events:
                 return
             if beacon.socket in events:
                 apply_events(beacon.handle(), self.direct, self.msg)
+            if self.pub in events:
+                self._on_subscriptions()
             if self.direct in events or self.msg in events:
                 self._batch()
             now = now_ms()
             if now >= next_retry:
                 next_retry = now + self.retry_interval
                 self._retry(now)
+            if now >= next_heads:
+                next_heads = now + self.heads_interval
+                self._get_heads()
             apply_events(beacon.tick(now), self.direct, self.msg)
+
+    # --- learning heads from the other stores (catch-up without a live producer) ---------
+    #
+    # Only a producer's RECORD/HEAD tells a C store writer what exists, so a store started
+    # after the producers are gone never back-fills.  Ours also asks the other stores'
+    # readers for their heads and treats each DIRECT_HEAD like a HEAD.  The request names
+    # the subject "" = every subject: C readers answer it with all their heads (their
+    # subject test is a prefix match, spec §5.4), and so does ours, so a store with an
+    # empty DB learns every partition.  It goes (1) to each reader as CONSUMER_HELLO at
+    # the end of the hello handshake (both links up: no request lost at start), and (2) to
+    # all readers as GET_HEADS every `store/heads_interval` ms (lost messages, gaps whose
+    # retries gave up).  Wire compatible: readers answer both with DIRECT_HEAD to `E<us>`.
+
+    def _hello(self, reader: bytes) -> None:
+        """Ask one store reader for all its heads (CONSUMER_HELLO, subjects [""])."""
+        if reader == self.reader_uuid.encode() or not reader or b"\0" in reader:
+            return  # our own reader never answers its writer; garbage is not a reader
+        hello = proto.Message(proto.CONSUMER_HELLO, reader, address=self.uuid, subjects=[""])
+        self.pub.send_multipart(proto.encode(hello))
+
+    def _get_heads(self) -> None:
+        """Ask every store reader for all its heads (GET_HEADS, subject "")."""
+        self.pub.send_multipart(proto.encode(proto.Message(proto.GET_HEADS, address=self.uuid)))
+
+    def _on_subscriptions(self) -> None:
+        """A store reader's SUB subscribed `W<reader>` on our XPUB: say hello to it."""
+        while True:
+            try:
+                frame = self.pub.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            event = proto.decode_xpub_event(frame)
+            if event is not None and event.is_subscribe and event.id == proto.CONSUMER_HELLO:
+                self._hello(event.rest)
+
+    def _on_store_hello(self, frames: list[bytes]) -> None:
+        """Our SUB joined a store reader's XPUB (it greets us): say hello to it."""
+        msg = proto.decode(frames)
+        if msg.id == proto.STORE_HELLO:
+            self._hello(msg.address.encode())
 
     def _partition(self, subject: str, partition: str) -> _Partition:
         part = self.partitions.get((subject, partition))
@@ -354,7 +429,8 @@ class _Writer(_Actor):
         pack = _PACK_SEQ
         unpack = _UNPACK_SEQ
         record_id = proto.RECORD
-        head_id = proto.HEAD
+        record_ids = (proto.RECORD, proto.DIRECT_RECORD)
+        head_ids = (proto.HEAD, proto.DIRECT_HEAD)
 
         def handle(frames: list[bytes]) -> None:
             first = frames[0]
@@ -362,13 +438,16 @@ class _Writer(_Actor):
             # subject) name a partition already validated by the full decoder.
             part = by_body.get(first[first.find(0, 1) + 1 : -8])
             mid = first[0]
-            if part is not None and len(frames) == 2 and mid != head_id:
+            if part is not None and len(frames) == 2 and mid in record_ids:
                 seq = unpack(first, len(first) - 8)[0]
                 content = frames[1]
             else:
                 try:
-                    if mid == head_id:
+                    if mid in head_ids:
                         self._on_head(frames)
+                        return
+                    if mid == proto.STORE_HELLO:
+                        self._on_store_hello(frames)
                         return
                     mid, _, address, subject, seq, content = decode_record(frames)
                     part = self._partition(subject, address)
@@ -390,16 +469,15 @@ class _Writer(_Actor):
             elif seq > head:
                 self._fetch_gap(part, seq)
 
-        direct_recv = self.direct.recv_multipart
-        msg_recv = self.msg.recv_multipart
-        noblock = zmq.NOBLOCK
+        direct = self.direct
+        live = self.msg
         taken = 0
         while taken < BATCH_LIMIT:
             before = taken
             # Direct answers (back-fill) first, as in C; then a chunk of live traffic.
             while taken < BATCH_LIMIT:
                 try:
-                    frames = direct_recv(noblock)
+                    frames = _recv_frames(direct)
                 except zmq.Again:
                     break
                 taken += 1
@@ -410,7 +488,7 @@ class _Writer(_Actor):
             chunk_end = min(BATCH_LIMIT, taken + _MSG_CHUNK)
             while taken < chunk_end:
                 try:
-                    frames = msg_recv(noblock)
+                    frames = _recv_frames(live)
                 except zmq.Again:
                     break
                 taken += 1
@@ -424,12 +502,19 @@ class _Writer(_Actor):
             self._commit(batch, touched)
 
     def _on_head(self, frames: list[bytes]) -> None:
+        """HEAD from a producer, or DIRECT_HEAD from another store: FETCH what we lack."""
         msg = proto.decode(frames)
-        if msg.id != proto.HEAD:
+        if msg.id != proto.HEAD and msg.id != proto.DIRECT_HEAD:
             return
         part = self._partition(msg.subject, msg.address)
         if msg.sequence > part.head:
             self._fetch_gap(part, msg.sequence)
+        elif msg.id == proto.HEAD and part.saved is None:
+            # We hold everything the producer has: our ACK may have been lost (e.g. its
+            # SUB had not joined our PUB yet), and it never comes again otherwise, so
+            # the producer would keep its records forever.  Repeat it.  (If the partition
+            # is staged in this batch, the batch's own ACK covers it.)
+            self.pub.send(part.ack_prefix + _PACK_SEQ(part.head))
 
     def _fetch_gap(self, part: _Partition, known: int) -> None:
         """`known` exists beyond our head: FETCH from head + 1 and retry until filled."""
@@ -589,14 +674,25 @@ class _Reader(_Actor):
             )
 
     def _send_heads(self, requester: str, subject: str) -> None:
-        if not requester or not subject:
+        """DIRECT_HEAD of each partition of exactly `subject` (fixing §10.11); "" asks for
+        every subject, as C's prefix match answers it (a store writer catching up uses it)."""
+        if not requester:
             return
-        for partition, head in self.storage.heads(subject.encode()):
+        if subject:
+            raw = subject.encode()
+            heads: Iterable[tuple[bytes, bytes, int]] = (
+                (raw, partition, head) for partition, head in self.storage.heads(raw)
+            )
+        else:
+            heads = self.storage.partitions()
+        topic = requester.encode()
+        send = self.xpub.send_multipart
+        for subject_b, partition, head in heads:
             reply = proto.Message(
                 proto.DIRECT_HEAD,
-                requester.encode(),
+                topic,
                 address=partition.decode(),
-                subject=subject,
+                subject=subject_b.decode(),
                 sequence=head,
             )
-            self.xpub.send_multipart(proto.encode(reply))
+            send(proto.encode(reply))

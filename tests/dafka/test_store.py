@@ -2,7 +2,9 @@
 
 Derived scenarios 27 (writer), 28 (reader, with the fixed FETCH range), 29 (store-to-store
 back-fill), upstream scenario 20, and what this port adds: synced write before ACK, restart,
-retention by size and by age, earliest-from-tail, malformed input.
+retention by size and by age, earliest-from-tail, malformed input, a repeated ACK for a
+HEAD at or below the stored head, and catch-up from the other stores' heads when no
+producer is left.
 """
 
 from __future__ import annotations
@@ -175,6 +177,19 @@ def test_head_ahead_of_stored_head_fetches(linked: TestPeer, store: Store) -> No
     linked.send_head("ahead", 9)
     fetch = recv_fetch(linked, store)
     assert (fetch.subject, fetch.sequence) == ("ahead", 2)
+
+
+def test_head_at_or_below_the_stored_head_repeats_the_ack(linked: TestPeer, store: Store) -> None:
+    """Regression: a lost ACK was never sent again, so the producer kept its records and
+    its close() never returned (e.g. it published before its SUB joined the store)."""
+    store_records(linked, "lost-ack", [b"a", b"b", b"c", b"d"])  # ACK(3) received
+    # As if that ACK was lost: the producer still holds the records and HEADs them.
+    linked.send_head("lost-ack", 3)
+    assert recv_until_ack(linked, "lost-ack", 3) == [3]
+    # A HEAD below what is stored is answered with the stored head, too.
+    linked.send_head("lost-ack", 1)
+    assert recv_until_ack(linked, "lost-ack", 3) == [3]
+    assert store.storage.head(b"lost-ack", linked.address.encode()) == 3
 
 
 def test_fetch_is_retried_until_the_gap_is_filled(linked: TestPeer, store: Store) -> None:
@@ -371,6 +386,151 @@ def test_second_store_backfills_from_the_first(
         )
 
 
+# --- catch-up without a live producer: heads learnt from the other stores ---------------------
+
+
+def test_writer_asks_a_greeting_reader_for_all_heads_and_fetches_what_it_lacks(
+    linked: TestPeer, store: Store
+) -> None:
+    """The writer runs the consumer's hello handshake with every store reader (the peer
+    plays one) and FETCHes what the DIRECT_HEADs show beyond its own heads."""
+    for kind in (b"E", b"L"):  # DIRECT_HEAD and STORE_HELLO reach the writer
+        linked.wait_subscribed(kind + store.address.encode())
+    linked.send_store_hello(store.address)
+    hello = linked.recv_id(proto.CONSUMER_HELLO)
+    assert (hello.topic, hello.address) == (linked.address.encode(), store.address)
+    assert hello.subjects == [""], "the writer asks for the heads of every subject"
+    gone = uuid.uuid4().hex.upper()  # a producer that no longer exists
+    linked.send(
+        Message(
+            proto.DIRECT_HEAD, store.address.encode(), address=gone, subject="orphan", sequence=2
+        )
+    )
+    fetch = recv_fetch(linked, store)
+    assert (fetch.topic, fetch.subject, fetch.sequence) == (gone.encode(), "orphan", 0)
+    for seq in range(3):
+        linked.send(
+            Message(
+                proto.DIRECT_RECORD,
+                store.address.encode(),
+                address=gone,
+                subject="orphan",
+                sequence=seq,
+                content=b"o%d" % seq,
+            )
+        )
+    wait_until(
+        lambda: store.storage.head(b"orphan", gone.encode()) == 2,
+        5,
+        "the writer did not store what the DIRECT_HEAD announced",
+    )
+    assert list(store.storage.read(b"orphan", gone.encode(), 0, 10)) == [
+        (0, b"o0"),
+        (1, b"o1"),
+        (2, b"o2"),
+    ]
+
+
+def test_writer_sends_get_heads_for_every_subject_periodically(
+    store_config: Config, tower: Tower, test_peer: TestPeer
+) -> None:
+    store_config.set("store/heads_interval", 100)
+    with Store(store_config, zmq.Context.instance()) as store:
+        link(test_peer, store)
+        for _ in range(2):  # not once: again and again
+            msg = test_peer.recv_id(proto.GET_HEADS)
+            assert (msg.topic, msg.address) == (b"", store.address)
+
+
+def test_get_heads_of_the_empty_subject_answers_every_partition(
+    linked: TestPeer, store: Store
+) -> None:
+    """What C's prefix match answers to "" (spec §5.4), and what a catching-up writer asks."""
+    store_records(linked, "all-a", [b"0", b"1"])
+    store_records(linked, "all-b", [b"0"])
+    requester = uuid.uuid4().hex.upper()
+    linked.send(Message(proto.GET_HEADS, b"", address=requester))
+    heads = recv_direct_heads(linked, requester, 3)
+    partition = linked.address
+    assert sorted(heads) == [
+        (partition, "all-a", 1),
+        (partition, "all-b", 0),
+        (partition, "sentinel", 0),
+    ]
+
+
+def test_reader_ignores_its_own_writers_heads_requests(linked: TestPeer, store: Store) -> None:
+    linked.send(Message(proto.GET_HEADS, b"", address=store.address))
+    linked.send(
+        Message(
+            proto.CONSUMER_HELLO,
+            store.reader_address.encode(),
+            address=store.address,
+            subjects=[""],
+        )
+    )
+    requester = uuid.uuid4().hex.upper()
+    linked.send(Message(proto.GET_HEADS, b"sentinel", address=requester))
+    # The reader handles requests in order: an answer to its writer would come first.
+    msg = linked.recv_id(proto.DIRECT_HEAD)
+    assert msg.topic == requester.encode(), "the reader answered its own writer"
+
+
+def wait_holds(store: Store, topic: str, partition: str, contents: list[bytes]) -> None:
+    """Wait until `store` holds exactly `contents` as the partition, from sequence 0."""
+    key = (topic.encode(), partition.encode())
+    wait_until(
+        lambda: store.storage.head(*key) == len(contents) - 1,
+        10,
+        f"store did not back-fill {topic}/{partition} up to {len(contents) - 1} "
+        f"(head {store.storage.head(*key)})",
+    )
+    assert list(store.storage.read(*key, 0, 1000)) == list(enumerate(contents))
+
+
+def test_store_started_after_the_producers_are_gone_backfills_from_another_store(
+    store_config: Config, tower: Tower, tmp_path: Path
+) -> None:
+    ctx: zmq.Context = zmq.Context.instance()
+    store_config.set("store/heads_interval", 0)  # the hello handshake alone must do it
+    with Store(other_db(store_config, tmp_path, "b"), ctx) as b:
+        expected: dict[tuple[str, str], list[bytes]] = {}
+        for n in range(2):  # two producers, i.e. two partitions of each topic
+            with TestPeer(store_config, ctx) as producer:
+                link(producer, b)
+                for topic in ("orders", "audit"):
+                    contents = [b"%s %d" % (topic.encode(), i) for i in range(10 + n)]
+                    store_records(producer, topic, contents)
+                    expected[(topic, producer.address)] = contents
+        # Every producer is gone: A starts on an empty DB and hears no RECORD or HEAD.
+        with Store(other_db(store_config, tmp_path, "a"), ctx) as a:
+            for (topic, partition), contents in expected.items():
+                wait_holds(a, topic, partition, contents)
+
+
+def test_restarted_store_backfills_what_it_missed_after_the_producer_is_gone(
+    store_config: Config, tower: Tower, tmp_path: Path
+) -> None:
+    ctx: zmq.Context = zmq.Context.instance()
+    store_config.set("store/heads_interval", 0)  # the hello handshake alone must do it
+    a_config = other_db(store_config, tmp_path, "a")
+    contents = [b"r%d" % i for i in range(20)]
+    with Store(other_db(store_config, tmp_path, "b"), ctx) as b:
+        with TestPeer(store_config, ctx) as producer:
+            link(producer, b)
+            with Store(a_config, ctx) as a:
+                link(producer, a, nth=2)
+                store_records(producer, "resume", contents[:5])
+                wait_holds(a, "resume", producer.address, contents[:5])
+            for seq in range(5, 20):  # A is down
+                producer.send_record("resume", seq, contents[seq])
+            recv_until_ack(producer, "resume", 19)
+            partition = producer.address
+        with Store(a_config, ctx) as a:  # on its partial DB, no producer any more
+            wait_holds(a, "resume", partition, contents)
+            wait_holds(b, "resume", partition, contents)
+
+
 def test_fetch_below_the_tail_answers_from_the_tail(
     store_config: Config, tower: Tower, test_peer: TestPeer, tmp_path: Path
 ) -> None:
@@ -474,6 +634,9 @@ def test_malformed_messages_are_ignored(linked: TestPeer, store: Store) -> None:
         [b"Ghello\0\x01"],
         [b"W" + store.reader_address.encode() + b"\0\x01\x00\xff\xff\xff\xff"],
         [b"D" + store.address.encode() + b"\0\x01"],
+        [b"E" + store.address.encode() + b"\0\x01\x20" + address],  # DIRECT_HEAD, truncated
+        [b"L" + store.address.encode() + b"\0\x01\xff"],  # STORE_HELLO, truncated
+        [b"L" + store.address.encode() + b"\0\x01\x00"],  # STORE_HELLO from nobody
     ]
     for frames in garbage:
         linked.send_frames(frames)
