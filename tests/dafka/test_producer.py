@@ -231,6 +231,9 @@ def test_publish_refuses_what_is_not_bytes(producer: Producer, test_peer: TestPe
         producer.publish("text")  # type: ignore[arg-type]
     producer.publish(bytearray(b"from a bytearray"))  # copied: later changes do not leak
     link(test_peer, producer)
+    # A HEAD proves the peer's subscription reached the producer's PUB, which would
+    # otherwise drop the DIRECT_RECORD answer (ZeroMQ's slow joiner).
+    test_peer.recv_id(proto.HEAD, 5)
     test_peer.send_fetch(producer.address, "hello", 0, 1)
     assert recv_direct(test_peer).content == b"from a bytearray"
 
