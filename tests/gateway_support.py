@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import redis
+from confluent_kafka import ConsumerGroupState
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from backends.kafka.tansu import TansuBroker
@@ -78,6 +79,12 @@ def new_topic(broker: TansuBroker, partitions: int = 4) -> str:
 
     wait_until(visible, 10, f"topic {name} in the metadata")
     return name
+
+
+def group_state(admin: AdminClient, group: str) -> ConsumerGroupState:
+    """The coordinator's state of `group` (on Tansu, STABLE once a SyncGroup completed)."""
+    state: ConsumerGroupState = admin.describe_consumer_groups([group])[group].result(5).state
+    return state
 
 
 def client(server: ServerThread, **kwargs: Any) -> redis.Redis:
