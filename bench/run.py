@@ -24,7 +24,7 @@ from confluent_kafka import Consumer, Producer
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from backends.kafka.tansu import TansuBroker, free_port
-from e2e.helpers import RafkaProcess, create_topic, wait_until, write_config
+from e2e.helpers import RafkaProcess, create_topic, gateway_config, wait_until, write_config
 
 VALUE = "x" * 100
 
@@ -116,8 +116,18 @@ def gateway_produce_multi(port: int, topic: str, records: int, per_command: int)
     return records / elapsed
 
 
+def producer_settings(bootstrap: str) -> dict[str, object]:
+    """The gateway's producer properties (go.* are Rafka's, not librdkafka's): the direct
+    producer batches exactly as the gateway's does, so the ratio is the gateway's cost."""
+    settings = gateway_config(bootstrap)["producer"]
+    return {
+        "bootstrap.servers": bootstrap,
+        **{key: value for key, value in settings.items() if not key.startswith("go.")},
+    }
+
+
 def direct_produce(bootstrap: str, topic: str, records: int) -> float:
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    producer = Producer(producer_settings(bootstrap))
     start = time.perf_counter()
     for _ in range(records):
         while True:
@@ -168,6 +178,25 @@ def direct_consume(bootstrap: str, topic: str, records: int) -> float:
     return (records - 1) / elapsed
 
 
+def wait_delivered(port: int, timeout: float = 120) -> None:
+    """Wait until the gateway's producer has delivered everything produced so far.
+
+    redis-benchmark leaves records queued in librdkafka when it disconnects; timing the
+    next test on top of that backlog measured the backlog (or failed with `PROD Local:
+    Queue full`).
+    """
+    client = redis.Redis(port=port)
+
+    def delivered() -> bool:
+        stats = client.hgetall("stats")
+        done = int(stats[b"producer.delivered.messages"])
+        done += int(stats[b"producer.delivery.errors"])
+        return done >= int(stats[b"producer.produced.messages"])
+
+    wait_until(delivered, timeout, "the gateway to deliver the records already produced")
+    client.close()
+
+
 def row(name: str, ours: float, reference: float, reference_name: str) -> None:
     print(
         f"{name:<44} {ours:>12,.0f}/s   {reference_name:<22} {reference:>12,.0f}/s"
@@ -212,6 +241,7 @@ def main() -> int:
                 )
                 reference = redis_benchmark(redis_port, "topics:bench", args.records, pipeline)
                 row(f"  gateway -P {pipeline}", ours, reference, "redis-server")
+                wait_delivered(gateway.port)
 
             print("\nKafka path: records/s, gateway vs direct confluent-kafka")
             topic_a = create_topic(broker.bootstrap, partitions=4)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
+from typing import Protocol
 
 import structlog
 
@@ -46,10 +47,19 @@ def format_line(client_id: str, args: Sequence[bytes], now: float) -> bytes:
     return b"+%.6f [0 %s] %s\r\n" % (now, client_id.encode("utf-8", "replace"), quoted)
 
 
+class Writer(Protocol):
+    """Where a monitor's lines go: the monitoring connection (write, then wait while
+    the client does not read; drain raises ConnectionError once it is gone)."""
+
+    def write(self, data: bytes) -> None: ...
+
+    async def drain(self) -> None: ...
+
+
 class Monitor:
     """One monitoring connection: a bounded queue and the task that writes it out."""
 
-    def __init__(self, label: str, writer: asyncio.StreamWriter, queue_size: int) -> None:
+    def __init__(self, label: str, writer: Writer, queue_size: int) -> None:
         self.label = label
         self._writer = writer
         self._queue: asyncio.Queue[bytes] = asyncio.Queue(maxsize=queue_size)
@@ -93,24 +103,25 @@ class MonitorHub:
     """The registered monitors, keyed by connection (not by client id, see §15.4)."""
 
     def __init__(self) -> None:
-        self._monitors: dict[int, Monitor] = {}
+        # Read directly by the dispatcher: an empty dict means nothing to publish.
+        self.registered: dict[int, Monitor] = {}
 
     def __len__(self) -> int:
-        return len(self._monitors)
+        return len(self.registered)
 
     def add(self, key: int, monitor: Monitor) -> None:
-        self._monitors[key] = monitor
+        self.registered[key] = monitor
         monitor.start()
-        log.info("new monitor client", client=monitor.label, active_monitors=len(self._monitors))
+        log.info("new monitor client", client=monitor.label, active_monitors=len(self.registered))
 
     async def remove(self, key: int) -> None:
-        monitor = self._monitors.pop(key, None)
+        monitor = self.registered.pop(key, None)
         if monitor is not None:
             await monitor.stop()
 
     def publish(self, client_id: str, args: Sequence[bytes]) -> None:
-        if not self._monitors or not args:
+        if not self.registered or not args:
             return
         line = format_line(client_id, args, time.time())
-        for monitor in self._monitors.values():
+        for monitor in self.registered.values():
             monitor.offer(line)

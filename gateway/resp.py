@@ -76,7 +76,8 @@ disagree. hiredis only ever sees the bytes already received.
 Replies
 -------
 ``encode`` turns a reply value into RESP2 or RESP3 bytes (see its docstring);
-``encode_many`` joins the replies of one read into one buffer for one write.
+``encode_many`` joins the replies of one read into one buffer for one write;
+``encode_into`` appends one reply's parts to a list, for a caller that joins them.
 """
 
 from __future__ import annotations
@@ -103,6 +104,7 @@ __all__ = [
     "RequestParser",
     "SimpleString",
     "encode",
+    "encode_into",
     "encode_many",
     "make_parser",
     "split_inline",
@@ -704,6 +706,11 @@ def encode(reply: Reply, protocol: int = 2) -> bytes:
     out: list[bytes] = []
     _encode_into(reply, protocol >= 3, out)
     return out[0] if len(out) == 1 else b"".join(out)
+
+
+def encode_into(reply: Reply, protocol: int, out: list[bytes]) -> None:
+    """Append the encoding of ``reply`` to ``out`` (join the parts for one write)."""
+    _encode_into(reply, protocol >= 3, out)
 
 
 def encode_many(replies: Iterable[Reply], protocol: int) -> bytes:

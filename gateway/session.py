@@ -16,7 +16,7 @@ import structlog
 from backends.base import Consumer, Producer
 from gateway import errors
 from gateway.context import ServerContext
-from gateway.monitor import Monitor
+from gateway.monitor import Monitor, Writer
 
 log = structlog.get_logger("rafka.gateway.session")
 
@@ -47,8 +47,8 @@ class Session:
         self.monitoring = False
         # Set by QUIT: the server closes the connection once the reply is written.
         self.quit = False
-        # The connection's writer, for MONITOR output (set by the server).
-        self.writer: asyncio.StreamWriter | None = None
+        # The connection, as the writer of MONITOR output (set by the server).
+        self.writer: Writer | None = None
         self._closed = False
         # An unnamed id cannot displace a client that SETNAMEd to the same text.
         ctx.clients.setdefault(self.id, self)

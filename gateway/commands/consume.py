@@ -176,19 +176,26 @@ async def _next(session: Session, consumer: Consumer, timeout: float | None) -> 
     if stop.done():
         raise errors.server_shutdown()
     wait = asyncio.ensure_future(consumer.next(timeout))
+
+    def stop_waiting(_: object) -> None:
+        # Does nothing when the record is already there: a record that arrived together
+        # with the shutdown is still handed out.
+        wait.cancel()
+
+    # A callback on the shutdown future instead of asyncio.wait((wait, stop)): the same
+    # outcome with less machinery per BLPOP.
+    stop.add_done_callback(stop_waiting)
     try:
-        await asyncio.wait((wait, stop), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        if not wait.done():
-            wait.cancel()
-            await asyncio.gather(wait, return_exceptions=True)
-    # A record that arrived together with the shutdown is still handed out.
-    if wait.cancelled():
-        raise errors.server_shutdown()
-    try:
-        record = wait.result()
+        record = await wait
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if not wait.cancelled() or (task is not None and task.cancelling()):
+            raise  # this BLPOP itself was cancelled (client gone): not a shutdown
+        raise errors.server_shutdown() from None
     except ConsumeError as error:
         raise errors.poll_failed(str(error)) from None
+    finally:
+        stop.remove_done_callback(stop_waiting)
     if record is None:
         return NULL_ARRAY
     return record_reply(record)

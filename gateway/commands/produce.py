@@ -19,23 +19,44 @@ def session_producer(session: Session) -> Producer:
     return session.producer
 
 
-def rpushx(session: Session, args: list[bytes]) -> Reply:
-    """RPUSHX <prefix>:<topic>[:<key>] <message> [<message> ...] -> messages enqueued."""
-    if len(args) < 3:
-        raise errors.rpushx_arity(len(args) - 1)
-    parts = args[1].split(b":")
+# RPUSHX key bytes -> (topic, partition key): clients send the same few keys over and
+# over. Bounded: cleared when full, so a client cycling through keys costs a re-parse.
+_TARGETS: dict[bytes, tuple[str, bytes | None]] = {}
+_TARGETS_MAX = 4096
+
+
+def _target(raw: bytes) -> tuple[str, bytes | None]:
+    """`<prefix>:<topic>[:<key>]` -> (topic, key); raises the PROD form error."""
+    parts = raw.split(b":")
     if len(parts) not in (2, 3):
         raise errors.rpushx_form()
     # Rafka does not check the prefix: `x:foo` produces to `foo` too.
-    topic = text(parts[1])
-    key = parts[2] if len(parts) == 3 else None
-    producer = session_producer(session)
-    for value in args[2:]:
-        try:
-            producer.produce(topic, key, value)
-        except ProduceError as error:
-            raise errors.produce_refused(str(error)) from None
-    return len(args) - 2
+    target = (text(parts[1]), parts[2] if len(parts) == 3 else None)
+    if len(_TARGETS) >= _TARGETS_MAX:
+        _TARGETS.clear()
+    _TARGETS[raw] = target
+    return target
+
+
+def rpushx(session: Session, args: list[bytes]) -> Reply:
+    """RPUSHX <prefix>:<topic>[:<key>] <message> [<message> ...] -> messages enqueued."""
+    count = len(args) - 2
+    if count < 1:
+        raise errors.rpushx_arity(count + 1)
+    topic, key = _TARGETS.get(args[1]) or _target(args[1])
+    producer = session.producer
+    if producer is None:
+        producer = session_producer(session)
+    try:
+        if count == 1:
+            producer.produce(topic, key, args[2])
+        else:
+            produce = producer.produce
+            for value in args[2:]:
+                produce(topic, key, value)
+    except ProduceError as error:
+        raise errors.produce_refused(str(error)) from None
+    return count
 
 
 def dump(session: Session, args: list[bytes]) -> Reply:
