@@ -120,6 +120,19 @@ class Producer(ABC):
     def produce(self, topic: str, key: bytes | None, value: bytes) -> None:
         """Enqueue one record without blocking; raise ProduceError when refused at once."""
 
+    def produce_many(self, topic: str, key: bytes | None, values: Sequence[bytes]) -> int:
+        """Enqueue `values` in order, all with `key`; return how many were enqueued.
+
+        On the first refused record, raise its ProduceError: the records before it stay
+        enqueued (they count as produced and outstanding, and are delivered), the refused
+        one and those after it are not enqueued. This default loops over produce();
+        engines override it to pay their per-call costs once per batch.
+        """
+        produce = self.produce
+        for value in values:
+            produce(topic, key, value)
+        return len(values)
+
     @abstractmethod
     def outstanding(self) -> int:
         """Records of this handle neither durable (delivered) nor failed yet."""

@@ -241,6 +241,23 @@ def test_rpushx_prefix_not_checked_and_several_values(
         raw.expect(b":2\r\n")
 
 
+def test_rpushx_refused_value_keeps_the_values_before_it(
+    server: ServerThread, tansu: TansuBroker
+) -> None:  # multi-value RPUSHX, refused in the middle
+    fresh = new_topic(tansu, partitions=1)
+    huge = "x" * 2_000_000  # over librdkafka's message.max.bytes: refused at once
+    with Raw(server.port, timeout=20) as raw:
+        raw.command("RPUSHX", f"topics:{fresh}", "a", "b", huge, "c")
+        raw.expect(b"-PROD Broker: Message size too large\r\n")
+        raw.command("RPUSHX", f"topics:{fresh}", "end")
+        raw.expect(b":1\r\n")
+        raw.command("DUMP", "5000")
+        raw.expect(b":0\r\n")  # "a", "b" and "end" delivered; nothing waits for "c"
+    with named(server, f"{group()}:partial") as raw:
+        values = [consume(raw, f"topics:{fresh}", "1").split(b"\r\n")[-2] for _ in range(3)]
+        assert values == [b"a", b"b", b"end"]
+
+
 def test_concurrent_producers(server: ServerThread, topic: str) -> None:  # G9
     producers = [client(server) for _ in range(5)]
     assert [p.rpushx(f"topics:{topic}", "a msg") for p in producers] == [1] * 5

@@ -3,8 +3,11 @@
 Rafka made one producer per connection; a single shared producer batches better and
 costs one set of broker connections. Each session gets a `ProducerHandle` that counts
 its own records through per-message delivery callbacks, so DUMP waits only for them.
-A thread owned by `SharedProducer` serves the callbacks (`poll`); a handle's flush is
-woken from that thread with `call_soon_threadsafe` the moment its count reaches 0.
+A thread owned by `SharedProducer` serves the callbacks (`poll`). The callbacks only
+tally per handle in a dict that thread owns; after each `poll()` returns, the batch is
+applied at once: each handle's outstanding count and the Stats are updated once, and a
+handle's flush is woken (`call_soon_threadsafe`) when its count reaches 0. Per-record
+locking on the poll thread fought the event loop for the GIL and the locks.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import structlog
@@ -42,6 +45,11 @@ class SharedProducer:
             self.rd = RdProducer(conf)
         except Exception as exc:  # librdkafka rejects names and values here
             raise ProducerCreationError(creation_error_text(exc)) from exc
+        # Records of each handle settled (delivered or failed) since the last batch was
+        # applied, and how many of them failed. Only the thread serving callbacks touches
+        # them: the poll thread, or close() once that thread has ended.
+        self.settled: dict[ProducerHandle, int] = {}
+        self._failed = 0
         self._stopping = threading.Event()
         self._thread = threading.Thread(
             target=self._serve, name="rafka-kafka-producer-poll", daemon=True
@@ -55,6 +63,34 @@ class SharedProducer:
                 self.rd.poll(POLL_INTERVAL)
             except Exception:  # a callback raised: keep serving the others
                 log.exception("producer poll failed")
+            self._apply_settled()
+
+    def note_failure(self, session_id: str, error: KafkaError, message: Message) -> None:
+        """Count and log one failed delivery (on the thread serving callbacks)."""
+        self._failed += 1
+        value = message.value() or b""
+        log.warning(
+            "Error delivering record",
+            session=session_id,
+            topic=message.topic(),
+            value=value[:_VALUE_PREVIEW],
+            error=error.str(),
+        )
+
+    def _apply_settled(self) -> None:
+        """Apply the deliveries tallied since the last call: once per handle and counter."""
+        if not self.settled:
+            return
+        batch = list(self.settled.items())
+        self.settled.clear()
+        failed, self._failed = self._failed, 0
+        total = sum(count for _, count in batch)
+        if total > failed:
+            self._stats.incr(Stats.DELIVERED, total - failed)
+        if failed:
+            self._stats.incr(Stats.DELIVERY_ERRORS, failed)
+        for handle, count in batch:
+            handle.settle(count)
 
     def _on_error(self, error: KafkaError) -> None:
         text = error.str()
@@ -80,6 +116,7 @@ class SharedProducer:
             self.rd.purge(in_queue=True, in_flight=True)
             self.rd.flush(0)
             log.warning("Error flushing: unflushed events", unflushed=left)
+        self._apply_settled()  # flush() served the last callbacks on this thread
         self.rd.close()
         log.info("producer closed")
         return left
@@ -96,7 +133,9 @@ class ProducerHandle(Producer):
         self._outstanding = 0
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         self._closed = False
-        # One bound method for every record, not a new one per produce().
+        # Looked up once, not per record: one bound method serves every record.
+        self._rd_produce = shared.rd.produce
+        self._settled = shared.settled
         self._delivery_cb = self._on_delivery
 
     def produce(self, topic: str, key: bytes | None, value: bytes) -> None:
@@ -105,42 +144,39 @@ class ProducerHandle(Producer):
         with self._lock:  # count first: the poll thread may deliver before we return
             self._outstanding += 1
         try:
-            self._shared.rd.produce(topic, value, key, on_delivery=self._delivery_cb)
-        except BufferError:
-            self._uncount()
-            raise ProduceError(QUEUE_FULL) from None
-        except KafkaException as exc:
-            self._uncount()
-            raise ProduceError(error_text(exc)) from None
-        except (TypeError, ValueError) as exc:
-            self._uncount()
-            raise ProduceError(str(exc)) from None
+            self._rd_produce(topic, value, key, on_delivery=self._delivery_cb)
+        except (BufferError, KafkaException, TypeError, ValueError) as exc:
+            self.settle(1)
+            raise _refusal(exc) from None
         self._stats.incr(Stats.PRODUCED)
 
-    def _uncount(self) -> None:
-        with self._lock:
-            self._outstanding -= 1
+    def produce_many(self, topic: str, key: bytes | None, values: Sequence[bytes]) -> int:
+        """As produce() for each value, in order, with one lock and one count per call."""
+        if self._closed:
+            raise ProduceError(CLOSED)
+        count = len(values)
+        if not count:
+            return 0
+        with self._lock:  # count all first: the poll thread may deliver the first ones
+            self._outstanding += count
+        rd_produce, on_delivery = self._rd_produce, self._delivery_cb
+        enqueued = 0
+        try:
+            for enqueued, value in enumerate(values):  # noqa: B007 (read on refusal)
+                rd_produce(topic, value, key, on_delivery=on_delivery)
+        except (BufferError, KafkaException, TypeError, ValueError) as exc:
+            # `enqueued` is the refused record's index: the ones before it stay queued.
+            self.settle(count - enqueued)
+            if enqueued:
+                self._stats.incr(Stats.PRODUCED, enqueued)
+            raise _refusal(exc) from None
+        self._stats.incr(Stats.PRODUCED, count)
+        return count
 
-    def outstanding(self) -> int:
+    def settle(self, count: int) -> None:
+        """`count` records are no longer outstanding (delivered, failed or refused)."""
         with self._lock:
-            return self._outstanding
-
-    def _on_delivery(self, error: KafkaError | None, message: Message) -> None:
-        """Runs on the producer's poll thread (or a flushing thread)."""
-        if error is None:
-            self._stats.incr(Stats.DELIVERED)
-        else:
-            self._stats.incr(Stats.DELIVERY_ERRORS)
-            value = message.value() or b""
-            log.warning(
-                "Error delivering record",
-                session=self._session_id,
-                topic=message.topic(),
-                value=value[:_VALUE_PREVIEW],
-                error=error.str(),
-            )
-        with self._lock:
-            self._outstanding -= 1
+            self._outstanding -= count
             if self._outstanding or not self._waiters:
                 return
             waiters, self._waiters = self._waiters, []
@@ -148,6 +184,17 @@ class ProducerHandle(Producer):
             # RuntimeError: that loop is closed, so nobody is waiting any more.
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(_wake, future)
+
+    def outstanding(self) -> int:
+        with self._lock:
+            return self._outstanding
+
+    def _on_delivery(self, error: KafkaError | None, message: Message) -> None:
+        """Runs on the thread serving callbacks, once per record: only tallies."""
+        settled = self._settled
+        settled[self] = settled.get(self, 0) + 1
+        if error is not None:
+            self._shared.note_failure(self._session_id, error, message)
 
     async def flush(self, timeout: float) -> int:
         if timeout <= 0:
@@ -176,6 +223,15 @@ class ProducerHandle(Producer):
             self._stats.incr(Stats.UNFLUSHED, left)
             log.warning("unflushed records at producer close", session=self._session_id, left=left)
         return left
+
+
+def _refusal(exc: Exception) -> ProduceError:
+    """The ProduceError for what librdkafka's produce() raised."""
+    if isinstance(exc, BufferError):
+        return ProduceError(QUEUE_FULL)
+    if isinstance(exc, KafkaException):
+        return ProduceError(error_text(exc))
+    return ProduceError(str(exc))
 
 
 def _wake(future: asyncio.Future[None]) -> None:

@@ -48,12 +48,11 @@ def rpushx(session: Session, args: list[bytes]) -> Reply:
     if producer is None:
         producer = session_producer(session)
     try:
-        if count == 1:
+        if count == 1:  # produce() is cheaper than produce_many() for one value
             producer.produce(topic, key, args[2])
         else:
-            produce = producer.produce
-            for value in args[2:]:
-                produce(topic, key, value)
+            # On a refusal the values before it stay enqueued, as with one call each.
+            producer.produce_many(topic, key, args[2:])
     except ProduceError as error:
         raise errors.produce_refused(str(error)) from None
     return count
