@@ -1,9 +1,15 @@
 """One librdkafka consumer per session, driven from a thread of its own.
 
-Every blocking librdkafka call of a consumer (creation, poll, close) runs on the
+Every blocking librdkafka call of a consumer (creation, fetch, close) runs on the
 consumer's single worker thread: hundreds of sessions blocked in BLPOP must not starve
-one another in a shared pool, and poll and close are serialised for free (Rafka's
+one another in a shared pool, and fetch and close are serialised for free (Rafka's
 per-consumer lock, #77). Only the non-blocking `store_offsets` runs on the event loop.
+
+Records are fetched in batches into a per-consumer buffer, and `next()` serves them on
+the event loop without a thread hop; it goes to the worker only when the buffer is empty
+or stale. So librdkafka is still called only while a `next()` waits for it (or a
+cancelled one finishes its slice): rebalances happen inside a BLPOP, never between a
+BLPOP and the client's ack, as with Rafka's one-poll-per-BLPOP.
 """
 
 from __future__ import annotations
@@ -13,8 +19,8 @@ import collections
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future as ThreadFuture
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -32,7 +38,12 @@ from backends.kafka.texts import creation_error_text, error_text, redacted
 
 log = structlog.get_logger("rafka.kafka.consumer")
 
-POLL_SLICE = 0.1  # seconds per librdkafka poll, as in Rafka: bounds the reaction to close
+POLL_SLICE = 0.1  # seconds per librdkafka wait, as in Rafka: bounds the reaction to close
+# Serve the buffer without calling librdkafka for at most this long: a slow client must
+# still serve rebalance callbacks promptly and stay within max.poll.interval.ms.
+REFRESH = POLL_SLICE
+BATCH = 500  # records per fetch by default
+MAX_BATCH = 1_000_000  # confluent-kafka's limit for consume(num_messages)
 CLOSED = "Consumer closed"
 # Errors that resolve themselves or are plain information (spec §4.5, §15.2).
 TRANSIENT = frozenset(
@@ -44,17 +55,34 @@ TRANSIENT = frozenset(
     }
 )
 
+Partition = tuple[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class _Failure:
+    """A non-transient error at its place among the buffered records."""
+
+    text: str
+
 
 class KafkaConsumer(Consumer):
     """A consumer-group member; build it with `await KafkaConsumer.open(...)`."""
 
-    def __init__(self, stats: Stats, label: str) -> None:
+    def __init__(self, stats: Stats, label: str, batch: int = BATCH) -> None:
+        if not 1 <= batch <= MAX_BATCH:
+            raise ValueError(f"consume batch must be 1..{MAX_BATCH}, not {batch}")
         self._stats = stats
         self._log = log.bind(consumer=label)
+        self._batch = batch
         self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"rafka-consumer-{label}")
         self._rd: RdConsumer | None = None
-        # Records a cancelled next() received; handed out first by the next call.
-        self._pending: collections.deque[Record] = collections.deque()
+        # Fetched, not yet handed out, in fetch order (so in order per partition). The
+        # worker appends and purges (rebalance callbacks), the loop pops: hence the lock.
+        self._buffer: collections.deque[Record | _Failure] = collections.deque()
+        self._lock = threading.Lock()
+        self._fetched_at = 0.0  # time.monotonic() of the last fetch (written by the worker)
+        # Partitions assigned to this member; read and written on the worker thread only.
+        self._owned: set[Partition] = set()
         self._closing = False
         self._close_task: asyncio.Task[None] | None = None
         # Called once after close, e.g. for the engine to forget this consumer.
@@ -62,10 +90,15 @@ class KafkaConsumer(Consumer):
 
     @classmethod
     async def open(
-        cls, config: Mapping[str, str], topics: Sequence[str], stats: Stats, label: str
+        cls,
+        config: Mapping[str, str],
+        topics: Sequence[str],
+        stats: Stats,
+        label: str,
+        batch: int = BATCH,
     ) -> KafkaConsumer:
         """Create the librdkafka consumer off the loop and subscribe; ConsumerCreationError."""
-        self = cls(stats, label)
+        self = cls(stats, label, batch)
         job = self._executor.submit(self._open_blocking, dict(config), list(topics))
         try:
             await asyncio.wrap_future(job)
@@ -85,70 +118,115 @@ class KafkaConsumer(Consumer):
         config["on_commit"] = self._on_commit
         consumer = RdConsumer(config)
         try:
-            consumer.subscribe(topics)
+            consumer.subscribe(
+                topics,
+                on_assign=self._on_assign,
+                on_revoke=self._on_revoke,
+                on_lost=self._on_lost,
+            )
         except BaseException:
             consumer.close()
             raise
         self._rd = consumer
 
+    @property
+    def buffered(self) -> int:
+        """Records (and errors) fetched but not handed out yet."""
+        with self._lock:
+            return len(self._buffer)
+
     async def next(self, timeout: float | None) -> Record | None:
         if self._closing:
             return None
-        if self._pending:
-            return self._pending.popleft()
+        if time.monotonic() - self._fetched_at < REFRESH:
+            item = self._take()
+            if item is not None:
+                return self._hand_out(item)  # the fast path: no thread hop
         deadline = None if timeout is None else time.monotonic() + max(timeout, 0.0)
         abandon = threading.Event()
-        job = self._executor.submit(self._poll_until, deadline, abandon)
+        job = self._executor.submit(self._fill, deadline, abandon)
         try:
-            return await asyncio.wrap_future(job)
+            await asyncio.wrap_future(job)
         except asyncio.CancelledError:
-            # The poll in flight may still return a record: keep it for the next call.
+            # The fetch in flight lands in the buffer: the next call hands it out.
             abandon.set()
-            job.add_done_callback(self._keep_orphan)
             raise
+        if self._closing:
+            return None  # what was fetched goes back to the group with the close
+        item = self._take()
+        return None if item is None else self._hand_out(item)
 
-    def _keep_orphan(self, job: ThreadFuture[Record | None]) -> None:
-        if job.cancelled():
-            return
-        exc = job.exception()
-        if exc is not None:
-            self._log.warning("poll of a cancelled BLPOP failed", error=str(exc))
-            return
-        record = job.result()
-        if record is not None:
-            self._log.info("kept the record of a cancelled poll", offset=record.offset)
-            self._pending.append(record)
+    def _take(self) -> Record | _Failure | None:
+        with self._lock:
+            return self._buffer.popleft() if self._buffer else None
 
-    def _poll_until(self, deadline: float | None, abandon: threading.Event) -> Record | None:
-        """Poll in slices until a record, the deadline, cancellation or close."""
-        if self._pending:  # left by a cancelled poll that ran just before this one
-            return self._pending.popleft()
-        assert self._rd is not None
-        while True:
-            wait = POLL_SLICE
+    def _hand_out(self, item: Record | _Failure) -> Record:
+        if isinstance(item, _Failure):
+            raise ConsumeError(item.text)
+        self._stats.incr(Stats.CONSUMED)
+        return item
+
+    def _fill(self, deadline: float | None, abandon: threading.Event) -> None:
+        """Worker: fetch until the buffer is fresh and not empty, or the deadline,
+        cancellation or close. A stale buffer gets one non-blocking fetch, which serves
+        pending rebalance callbacks before anything is handed out."""
+        while not (abandon.is_set() or self._closing):
+            waiting = self.buffered
+            if waiting and time.monotonic() - self._fetched_at < REFRESH:
+                return  # e.g. the batch of a cancelled call
+            wait = 0.0 if waiting else POLL_SLICE
             if deadline is not None:
                 wait = max(0.0, min(wait, deadline - time.monotonic()))
-            message = self._rd.poll(wait)
-            if message is not None:
-                record = self._record(message)
-                if record is not None:
-                    return record
-            if abandon.is_set() or self._closing:
-                return None
-            if deadline is not None and time.monotonic() >= deadline:
-                return None
+            self._fetch(wait, max(1, self._batch - waiting))
+            if self.buffered or (deadline is not None and time.monotonic() >= deadline):
+                return
 
-    def _record(self, message: Message) -> Record | None:
+    def _fetch(self, wait: float, limit: int) -> None:
+        """Worker: up to `limit` messages into the buffer, waiting up to `wait` for one.
+
+        consume() alone would wait the whole timeout for a full batch: poll() waits for
+        the first message only, then consume() takes what is already there.
+        """
+        assert self._rd is not None
+        messages: list[Message] = []
+        failure: _Failure | None = None
+        try:
+            first = self._rd.poll(wait)
+            if first is not None:
+                messages.append(first)
+                if limit > 1:
+                    messages.extend(self._rd.consume(num_messages=limit - 1, timeout=0))
+        except KafkaException as exc:  # after what was already taken, which is kept
+            failure = _Failure(error_text(exc))
+        self._fetched_at = time.monotonic()
+        items: list[Record | _Failure] = []
+        foreign = 0
+        for message in messages:
+            item = self._item(message)
+            if isinstance(item, Record) and (item.topic, item.partition) not in self._owned:
+                # Taken by the same consume() call that revoked its partition: the new
+                # owner gets it from the committed offset, and an ack here would fail.
+                foreign += 1
+            elif item is not None:
+                items.append(item)
+        if failure is not None:
+            items.append(failure)
+        if foreign:
+            self._log.info("records of revoked partitions dropped", records=foreign)
+        if items:
+            with self._lock:
+                self._buffer.extend(items)
+
+    def _item(self, message: Message) -> Record | _Failure | None:
         error = message.error()
         if error is not None:
             if error.code() in TRANSIENT:
                 self._log.info("Poll: Transient error", error=error.str(), code=error.code())
                 return None
-            raise ConsumeError(error.str())
-        self._stats.incr(Stats.CONSUMED)
-        kind, stamp = message.timestamp()
+            return _Failure(error.str())
         topic, partition, offset = message.topic(), message.partition(), message.offset()
         assert topic is not None and partition is not None and offset is not None
+        kind, stamp = message.timestamp()
         return Record(
             topic=topic,
             partition=partition,
@@ -156,6 +234,40 @@ class KafkaConsumer(Consumer):
             key=message.key(),
             value=message.value(),
             timestamp_ms=None if kind == TIMESTAMP_NOT_AVAILABLE else stamp,
+        )
+
+    def _on_assign(self, _: RdConsumer, partitions: list[TopicPartition]) -> None:
+        """Runs on the worker thread; confluent-kafka assigns after it returns."""
+        self._owned.update((p.topic, p.partition) for p in partitions)
+        self._log.info(
+            "partitions assigned", partitions=[f"{p.topic}:{p.partition}" for p in partitions]
+        )
+
+    def _on_revoke(self, _: RdConsumer, partitions: list[TopicPartition]) -> None:
+        """Runs on the worker thread, inside a fetch or close()."""
+        self._disown(partitions, "revoked")
+
+    def _on_lost(self, _: RdConsumer, partitions: list[TopicPartition]) -> None:
+        self._disown(partitions, "lost")
+
+    def _disown(self, partitions: list[TopicPartition], how: str) -> None:
+        """Forget the buffered records of partitions now someone else's: they would fail
+        to ack, and the new owner gets them from the committed offset anyway."""
+        gone = {(p.topic, p.partition) for p in partitions}
+        self._owned -= gone
+        with self._lock:
+            kept = [
+                item
+                for item in self._buffer
+                if isinstance(item, _Failure) or (item.topic, item.partition) not in gone
+            ]
+            dropped = len(self._buffer) - len(kept)
+            self._buffer.clear()
+            self._buffer.extend(kept)
+        self._log.info(
+            f"partitions {how}",
+            partitions=sorted(f"{topic}:{partition}" for topic, partition in gone),
+            buffered_records_dropped=dropped,
         )
 
     def ack(self, topic: str, partition: int, offset: int) -> None:
@@ -172,7 +284,7 @@ class KafkaConsumer(Consumer):
         self._stats.incr(Stats.ACKED)
 
     def _on_commit(self, error: KafkaError | None, partitions: list[TopicPartition]) -> None:
-        """Runs on the worker thread, inside poll() or close()."""
+        """Runs on the worker thread, inside a fetch or close()."""
         if error is not None:
             if error.code() == KafkaError._NO_OFFSET:  # nothing was stored: not a failure
                 return
@@ -196,7 +308,7 @@ class KafkaConsumer(Consumer):
 
     async def close(self) -> None:
         if self._close_task is None:
-            self._closing = True  # in-flight polls return within one slice
+            self._closing = True  # in-flight fetches return within one slice
             self._close_task = asyncio.create_task(self._close())
         # Shielded: a cancelled caller must not leave the group half-left.
         await asyncio.shield(self._close_task)
@@ -217,7 +329,9 @@ class KafkaConsumer(Consumer):
             consumer.close()  # commits the stored offsets and leaves the group
         except Exception as exc:
             self._log.warning("Error closing", error=str(exc))
-        if self._pending:  # never acked, so the group will deliver them again
-            self._log.info("records returned to the group", records=len(self._pending))
-            self._pending.clear()
+        with self._lock:
+            left = len(self._buffer)
+            self._buffer.clear()
+        if left:  # never handed out, so never acked: the group delivers them again
+            self._log.info("records returned to the group", records=left)
         self._log.info("Bye")

@@ -19,7 +19,7 @@ from backends.base import (
     ProducerCreationError,
     Stats,
 )
-from backends.kafka.consumer import KafkaConsumer
+from backends.kafka.consumer import BATCH, MAX_BATCH, KafkaConsumer
 from backends.kafka.producer import ProducerHandle, SharedProducer
 from backends.kafka.texts import error_text
 
@@ -39,12 +39,18 @@ class KafkaEngine(Engine):
         *,
         metadata_timeout: float = 5.0,
         stop_flush_timeout: float = 5.0,
+        consume_batch: int = BATCH,
     ) -> None:
+        """`consume_batch`: records a consumer fetches from librdkafka at once (1..1e6);
+        lower it for large records, as up to that many wait in memory per consumer."""
         super().__init__(stats)
+        if not 1 <= consume_batch <= MAX_BATCH:
+            raise ValueError(f"consume_batch must be 1..{MAX_BATCH}, not {consume_batch}")
         self._consumer_config = dict(consumer_config)
         self._producer_config = dict(producer_config)
         self._metadata_timeout = metadata_timeout
         self._stop_flush_timeout = stop_flush_timeout
+        self._consume_batch = consume_batch
         self._producer: SharedProducer | None = None
         self._consumers: set[KafkaConsumer] = set()
         self._stopped = False
@@ -82,7 +88,9 @@ class KafkaEngine(Engine):
         if self._stopped:
             raise ConsumerCreationError(STOPPED)
         config = {**self._consumer_config, **overrides, "group.id": group, "client.id": name}
-        consumer = await KafkaConsumer.open(config, topics, self.stats, label=f"{group}:{name}")
+        consumer = await KafkaConsumer.open(
+            config, topics, self.stats, label=f"{group}:{name}", batch=self._consume_batch
+        )
         self._consumers.add(consumer)
         # Forget it once closed, so that stop() only closes what the gateway did not.
         consumer.on_closed = self._forget
