@@ -794,3 +794,50 @@ async def test_stop_closes_what_the_gateway_left_open(tansu: TansuBroker) -> Non
         await engine.consumer(new_group(), "late", [topic], {})
     with pytest.raises(AckError):
         consumer.ack(topic, 0, 0)
+
+
+@asyncio_test
+async def test_a_consumer_still_being_created_when_stop_runs_is_closed(
+    tansu: TansuBroker,
+) -> None:
+    topic = new_topic(tansu)
+    before = rafka_threads()
+    engine = KafkaEngine(
+        Stats(),
+        {**CONSUMER, "bootstrap.servers": tansu.bootstrap},
+        {**PRODUCER, "bootstrap.servers": tansu.bootstrap},
+    )
+    await engine.start()
+    creating = asyncio.create_task(engine.consumer(new_group(), "c", [topic], {}))
+    await asyncio.sleep(0)  # one step: the task submits the creation and awaits it
+    assert rafka_threads() - before, "the creation did not start"
+    assert not creating.done()
+    await engine.stop()  # marks the engine stopped before the creation's result is seen
+    # stop() could not close what did not exist yet: the creation must not hand out
+    # a live group member (and its thread) that nobody owns any more.
+    with pytest.raises(ConsumerCreationError, match="Engine stopped"):
+        await creating
+    assert rafka_threads() == before
+
+
+@asyncio_test
+async def test_produce_on_a_handle_outliving_the_engine_is_refused_and_not_counted(
+    tansu: TansuBroker,
+) -> None:
+    topic = new_topic(tansu)
+    engine = KafkaEngine(
+        Stats(),
+        {**CONSUMER, "bootstrap.servers": tansu.bootstrap},
+        {**PRODUCER, "bootstrap.servers": tansu.bootstrap},
+    )
+    await engine.start()
+    handle = engine.producer("s")
+    await engine.stop()  # the shared producer is closed under the handle
+    with pytest.raises(ProduceError, match="Producer has been closed"):
+        handle.produce(topic, None, b"x")
+    with pytest.raises(ProduceError, match="Producer has been closed"):
+        handle.produce_many(topic, None, [b"y", b"z"])
+    assert handle.outstanding() == 0, "refused records must not stay outstanding"
+    assert await handle.close(WAIT) == 0
+    assert engine.stats.get(Stats.PRODUCED) == 0
+    assert engine.stats.get(Stats.UNFLUSHED) == 0

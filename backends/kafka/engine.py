@@ -91,6 +91,11 @@ class KafkaEngine(Engine):
         consumer = await KafkaConsumer.open(
             config, topics, self.stats, label=f"{group}:{name}", batch=self._consume_batch
         )
+        if self._stopped:
+            # stop() ran during the creation and could not see this one: nobody would
+            # ever close it (nor join its thread).
+            await consumer.close()
+            raise ConsumerCreationError(STOPPED)
         self._consumers.add(consumer)
         # Forget it once closed, so that stop() only closes what the gateway did not.
         consumer.on_closed = self._forget

@@ -33,6 +33,9 @@ CLOSED = "Producer closed"
 # Client-level events that are noise rather than trouble (Rafka 0.6.2, PR #90).
 _IGNORED_EVENT = "Connection reset by peer"
 _VALUE_PREVIEW = 64  # bytes of a failed record's value shown in the log
+# What librdkafka's produce() raises for a refused record; RuntimeError: "Producer has
+# been closed", for a handle that outlived the engine's stop().
+_REFUSALS = (BufferError, KafkaException, TypeError, ValueError, RuntimeError)
 
 
 class SharedProducer:
@@ -145,7 +148,7 @@ class ProducerHandle(Producer):
             self._outstanding += 1
         try:
             self._rd_produce(topic, value, key, on_delivery=self._delivery_cb)
-        except (BufferError, KafkaException, TypeError, ValueError) as exc:
+        except _REFUSALS as exc:
             self.settle(1)
             raise _refusal(exc) from None
         self._stats.incr(Stats.PRODUCED)
@@ -164,7 +167,7 @@ class ProducerHandle(Producer):
         try:
             for enqueued, value in enumerate(values):  # noqa: B007 (read on refusal)
                 rd_produce(topic, value, key, on_delivery=on_delivery)
-        except (BufferError, KafkaException, TypeError, ValueError) as exc:
+        except _REFUSALS as exc:
             # `enqueued` is the refused record's index: the ones before it stay queued.
             self.settle(count - enqueued)
             if enqueued:
