@@ -298,7 +298,10 @@ class Producer:
                 if prefix is None:
                     if len(direct_prefixes) > 10_000:
                         direct_prefixes.clear()
-                    prefix = self._prefix(proto.DIRECT_RECORD, msg.address)
+                    try:
+                        prefix = self._prefix(proto.DIRECT_RECORD, msg.address)
+                    except proto.MalformedMessage:
+                        continue  # an address we cannot route to (e.g. with a NUL): drop
                     direct_prefixes[msg.address] = prefix
                 for seq, content in unacked.records(msg.sequence, msg.count):
                     pub.send(prefix + _PACK_SEQ(seq), zmq.SNDMORE)

@@ -118,25 +118,28 @@ class Store:
         self.address = uuid.uuid4().hex.upper()
         self.reader_address = uuid.uuid4().hex.upper()
         self.verbose = config.get_bool("store/verbose")
+        # Every setting is read before anything is opened: a bad value must not leave the
+        # DB locked or the actors running.
+        policy = retention_policy(config)
+        interval = max(1, config.get_int("store/retention/check_interval", 300_000))
         self.storage = Storage(config.get("store/db"), sync=config.get_int("store/sync", 1) != 0)
         self._closed = False
         self._lock = threading.Lock()
         self._stop_retention = threading.Event()
         self._retention_thread: threading.Thread | None = None
-        self._writer = _Writer(self)
-        self._reader = _Reader(self)
         try:
+            self._writer = _Writer(self)
+            self._reader = _Reader(self)
             self._writer.start()
             self._reader.start()
         except BaseException:
-            self._writer.stop()
-            self._reader.stop()
+            for actor in (getattr(self, "_writer", None), getattr(self, "_reader", None)):
+                if actor is not None:
+                    actor.stop()
             self.storage.close()
             self._closed = True
             raise
-        policy = retention_policy(config)
         if policy is not None:
-            interval = max(1, config.get_int("store/retention/check_interval", 300_000))
             self._retention_thread = threading.Thread(
                 target=self._retain,
                 args=(policy, interval / 1000),

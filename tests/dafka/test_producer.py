@@ -6,6 +6,7 @@ plays the consumer or store side; the throughput check uses a raw SUB over 127.0
 
 from __future__ import annotations
 
+import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -185,6 +186,22 @@ def test_fetch_after_partial_ack_returns_the_right_content(
     assert [m.sequence for m in answers] == expected
     assert [m.content for m in answers] == [f"content of {i}".encode() for i in expected]
     assert all(m.topic == test_peer.address.encode() for m in answers)
+
+
+def test_fetch_from_an_unroutable_address_is_dropped(
+    producer: Producer, test_peer: TestPeer
+) -> None:
+    """A FETCH whose requester address holds a NUL (valid on the wire, but no routing topic
+    can carry it) is dropped; the producer keeps answering the FETCHes after it."""
+    link(test_peer, producer)
+    publish(test_peer, producer, [b"CONTENT"])
+    address = b"BAD\0ADDRESS"
+    body = bytes((len(address),)) + address + b"\x05hello" + struct.pack(">QI", 0, 1)
+    test_peer.send_frames([b"F" + producer.address.encode() + b"\0\x01" + body])
+    test_peer.send_fetch(producer.address, "hello", 0, 1)
+    direct = recv_direct(test_peer)
+    assert (direct.sequence, direct.content) == (0, b"CONTENT")
+    producer.publish(b"still alive")  # refused if the actor died
 
 
 def test_close_waits_for_acks_by_default(dafka_config: Config, tower: Tower) -> None:

@@ -20,7 +20,7 @@ import zmq
 
 from backends.dafka import proto
 from backends.dafka.beacon import TowerUnreachable
-from backends.dafka.config import Config
+from backends.dafka.config import Config, ConfigError
 from backends.dafka.consumer import Consumer
 from backends.dafka.producer import Producer
 from backends.dafka.proto import Message
@@ -699,6 +699,18 @@ def test_close_joins_every_thread_and_releases_the_db(store_config: Config, towe
 def test_unreachable_tower_fails_cleanly(dafka_config: Config) -> None:
     dafka_config.set("beacon/ready_timeout", 200)  # and no tower fixture
     with pytest.raises(TowerUnreachable):
+        Store(dafka_config, zmq.Context.instance())
+    assert store_threads() == []
+    with Storage(dafka_config.get("store/db")) as again:
+        assert again.heads(b"anything") == []
+
+
+@pytest.mark.parametrize("key", ["store/retention/ms", "store/fetch_retry_interval"])
+def test_invalid_setting_fails_cleanly(dafka_config: Config, tower: Tower, key: str) -> None:
+    """A setting that is not a number is refused before the DB is opened or an actor
+    started: nothing keeps running and the DB is not left locked."""
+    dafka_config.set(key, "soon")
+    with pytest.raises(ConfigError, match=key):
         Store(dafka_config, zmq.Context.instance())
     assert store_threads() == []
     with Storage(dafka_config.get("store/db")) as again:
