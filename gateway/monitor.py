@@ -92,6 +92,12 @@ class Monitor:
             # The connection is going away; its handler deregisters this monitor.
             return
 
+    def cancel(self) -> None:
+        """Stop writing now, without waiting (the shutdown bound has passed)."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+
     async def stop(self) -> None:
         task, self._task = self._task, None
         if task is not None:
@@ -118,6 +124,12 @@ class MonitorHub:
         monitor = self.registered.pop(key, None)
         if monitor is not None:
             await monitor.stop()
+
+    def discard(self, key: int) -> None:
+        """Deregister without waiting for the writer task to end (see Monitor.cancel)."""
+        monitor = self.registered.pop(key, None)
+        if monitor is not None:
+            monitor.cancel()
 
     def publish(self, client_id: str, args: Sequence[bytes]) -> None:
         if not self.registered or not args:

@@ -337,6 +337,9 @@ class Connection(asyncio.Protocol):
     def abandon(self) -> None:
         """Shutdown past its bound: stop waiting for anything and drop the socket."""
         self._end()
+        if self.session is not None:
+            # The teardown is cancelled below, possibly before session.close() ran.
+            self.session.release_registrations()
         if self._teardown_task is not None:
             self._teardown_task.cancel()
         if self._command is not None:

@@ -85,6 +85,13 @@ class Session:
         if self.ctx.clients.get(self.id) is self:
             del self.ctx.clients[self.id]
 
+    def release_registrations(self) -> None:
+        """Give up the id and the monitor registration at once, without awaiting: for a
+        connection abandoned at the shutdown bound, whose close() may never run."""
+        self._unregister()
+        if self.monitoring:
+            self.ctx.monitors.discard(self.number)
+
     async def close(self) -> None:
         """Release everything this session owns; later calls do nothing."""
         if self._closed:

@@ -169,3 +169,39 @@ def test_shutdown_twice_is_one_shutdown(tansu: TansuBroker, repeat: int) -> None
         future.result(30)
     assert refused(server.port)
     server.stop()
+
+
+class HeldTopicsEngine(HoldingEngine):
+    """HoldingEngine whose KEYS metadata call also waits for `release`: a waiting command
+    that outlives the shutdown bound, which a healthy broker answers too fast to observe."""
+
+    async def topics(self) -> list[str]:
+        await self.release.wait()
+        return await self.inner.topics()
+
+
+async def _monitor_state(server: ServerThread) -> tuple[int, list[str]]:
+    current = asyncio.current_task()
+    tasks = [t.get_name() for t in asyncio.all_tasks() if t is not current and not t.done()]
+    return len(server.server.ctx.monitors), tasks
+
+
+def test_abandoned_connection_releases_its_monitor(tansu: TansuBroker) -> None:
+    config = kafka_config(tansu, {"shutdown_timeout": 0.5})
+    engine = HeldTopicsEngine(KafkaEngine(Stats(), config.consumer, config.producer))
+    server = ServerThread(config, engine=engine).start()
+    try:
+        with Raw(server.port) as raw:
+            raw.command("MONITOR")
+            raw.expect(b"+OK\r\n")
+            raw.command("KEYS", "topics:")  # held past the shutdown bound
+            wait_until(lambda: server.server.waiting_commands == 1, 10, "KEYS to be waiting")
+            server.shutdown_async().result(20)
+            raw.read_line()  # the monitor line of KEYS itself
+            raw.assert_closed()
+        monitors, tasks = server.call(_monitor_state(server), 10)
+        assert monitors == 0, "the abandoned connection is still a registered monitor"
+        assert "monitor-writer" not in tasks, f"monitor writer left running: {tasks}"
+    finally:
+        server.call(_set(engine.release), 10)
+        server.stop()
