@@ -7,8 +7,6 @@ import socket
 import time
 from collections.abc import Mapping, Sequence
 
-import pytest
-
 from backends.base import Consumer, Engine, Producer, Record, Stats
 from backends.kafka.engine import KafkaEngine
 from backends.kafka.tansu import TansuBroker
@@ -150,24 +148,36 @@ def test_shutdown_is_bounded(tansu: TansuBroker) -> None:
     server.stop()
 
 
-def test_blpop_refused_after_shutdown_and_clean_exit(tansu: TansuBroker) -> None:
+def test_closed_connection_is_released_and_exit_closes_the_listener(
+    tansu: TansuBroker,
+) -> None:
     config = kafka_config(tansu)
     with ServerThread(config) as server:
         with client(server) as c:
             assert c.ping()
-        assert server.server.connections == 0 or wait_until(
-            lambda: server.server.connections == 0, 5, "the connection to close"
-        )
+        wait_until(lambda: server.server.connections == 0, 5, "the connection to close")
     assert refused(server.port)
 
 
-@pytest.mark.parametrize("repeat", [2])
-def test_shutdown_twice_is_one_shutdown(tansu: TansuBroker, repeat: int) -> None:
-    server = ServerThread(kafka_config(tansu)).start()
-    futures = [server.shutdown_async() for _ in range(repeat)]
+class CountingStopEngine(HoldingEngine):
+    """The real KafkaEngine, counting how often the server stops it."""
+
+    stops = 0
+
+    async def stop(self) -> None:
+        self.stops += 1
+        await super().stop()
+
+
+def test_shutdown_twice_is_one_shutdown(tansu: TansuBroker) -> None:
+    config = kafka_config(tansu)
+    engine = CountingStopEngine(KafkaEngine(Stats(), config.consumer, config.producer))
+    server = ServerThread(config, engine=engine).start()
+    futures = [server.shutdown_async() for _ in range(2)]
     for future in futures:
         future.result(30)
     assert refused(server.port)
+    assert engine.stops == 1, f"the engine was stopped {engine.stops} times"
     server.stop()
 
 
