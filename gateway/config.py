@@ -68,6 +68,9 @@ class Config:
     shutdown_timeout: float = 30.0
     # Bound on engine metadata calls (KEYS topics:).
     metadata_timeout: float = 5.0
+    # Records a consumer may fetch ahead of its BLPOPs; bounds its memory (lower it for
+    # large records).
+    consume_batch: int = 500
     # Lines a MONITOR connection may have queued before new ones are dropped (Rafka: 1000).
     monitor_queue_size: int = 1000
     log_format: str = "console"
@@ -179,6 +182,7 @@ _GATEWAY_KEYS: dict[str, Any] = {
     "shutdown_timeout": lambda v: _as_seconds("shutdown_timeout", v, allow_zero=False),
     "metadata_timeout": lambda v: _as_seconds("metadata_timeout", v, allow_zero=False),
     "monitor_queue_size": lambda v: _as_int("monitor_queue_size", v, 1),
+    "consume_batch": lambda v: _as_int("consume_batch", v, 1, 1_000_000),
     "log_format": lambda v: _as_choice("log_format", v, LOG_FORMATS),
     "log_level": lambda v: _as_choice("log_level", v, LOG_LEVELS),
 }

@@ -512,6 +512,7 @@ def create_engine(config: Config, stats: Stats) -> Engine:
             config.consumer,
             config.producer,
             metadata_timeout=config.metadata_timeout,
+            consume_batch=config.consume_batch,
         )
     raise ValueError(f"unknown engine {config.engine!r}")
 

@@ -74,13 +74,14 @@ def test_gateway_section_and_flags(tmp_path: Path) -> None:
                 "blpop_default_timeout": 2,
                 "log_format": "json",
                 "max_arguments": 20,
+                "consume_batch": 10,
             }
         },
     )
     config = from_args(["-c", path])
     assert (config.host, config.port, config.password) == ("127.0.0.2", 7000, "pw")
     assert (config.max_clients, config.idle_timeout, config.blpop_default_timeout) == (3, 1.5, 2)
-    assert (config.log_format, config.max_arguments) == ("json", 20)
+    assert (config.log_format, config.max_arguments, config.consume_batch) == ("json", 20, 10)
     # Flags win over the file.
     flagged = from_args(["-c", path, "--host", "::1", "-p", "7001"])
     assert (flagged.host, flagged.port) == ("::1", 7001)
@@ -88,6 +89,7 @@ def test_gateway_section_and_flags(tmp_path: Path) -> None:
     defaults = from_args(["-c", write(tmp_path, {})])
     assert (defaults.host, defaults.port, defaults.engine) == ("0.0.0.0", 6380, "kafka")
     assert (defaults.blpop_default_timeout, defaults.producer_close_timeout) == (5.0, 5.0)
+    assert defaults.consume_batch == 500
 
 
 @pytest.mark.parametrize(
@@ -105,6 +107,7 @@ def test_gateway_section_and_flags(tmp_path: Path) -> None:
         ({"gateway": {"shutdown_timeout": 0}}, "gateway.shutdown_timeout must be a finite"),
         ({"gateway": {"log_format": "xml"}}, "gateway.log_format must be one of console, json"),
         ({"gateway": {"colour": 1}}, "unknown setting gateway.colour"),
+        ({"gateway": {"consume_batch": 0}}, "gateway.consume_batch must be >= 1"),
         ({"producer": {"go.events.channel.size": "big"}}, "go.events.channel.size must be"),
         ([], "the configuration must be a JSON object"),
     ],
