@@ -108,6 +108,12 @@ class RafkaProcess:
     def stderr(self) -> str:
         return self.stderr_path.read_text(errors="replace")
 
+    def kill(self) -> None:
+        """Make sure the process is gone (a failed test must not leave it running)."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
     def terminate(self, timeout: float = 30) -> int:
         assert self.process is not None
         self.process.send_signal(signal.SIGTERM)

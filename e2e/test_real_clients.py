@@ -179,3 +179,4 @@ def test_sigterm_answers_blocked_consumer_and_exits_zero(
     finally:
         producer.close()
         consumer.close()
+        server.kill()
