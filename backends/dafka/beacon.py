@@ -14,10 +14,12 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import time
+from collections.abc import Iterator
 
 import structlog
 import zmq
 
+from backends.dafka import proto
 from backends.dafka.config import Config
 
 log = structlog.get_logger(__name__)
@@ -268,3 +270,17 @@ def apply_events(events: list[Event], *sockets: zmq.Socket) -> None:
                 # ENOENT: never connected (e.g. the connect failed); nothing to undo.
                 with contextlib.suppress(zmq.ZMQError):
                     sock.disconnect(endpoint)
+
+
+def new_subscribers(xpub: zmq.Socket, msg_id: int) -> Iterator[bytes]:
+    """Drain an XPUB's pending subscription events and yield, for each new subscription to
+    `msg_id` messages, the rest of its prefix (the subscriber's uuid in Dafka's handshakes,
+    spec §1.5). Unsubscriptions and other ids are consumed and ignored."""
+    while True:
+        try:
+            frame = xpub.recv(zmq.NOBLOCK)
+        except zmq.Again:
+            return
+        event = proto.decode_xpub_event(frame)
+        if event is not None and event.is_subscribe and event.id == msg_id:
+            yield event.rest

@@ -36,7 +36,13 @@ import structlog
 import zmq
 
 from backends.dafka import proto
-from backends.dafka.beacon import Beacon, apply_events, bind_data_socket, now_ms
+from backends.dafka.beacon import (
+    Beacon,
+    apply_events,
+    bind_data_socket,
+    new_subscribers,
+    now_ms,
+)
 from backends.dafka.config import Config
 from backends.dafka.fetch_filter import BUCKET, FetchFilter
 from backends.dafka.producer import check_topic
@@ -480,18 +486,12 @@ class _Actor:
             nxt += 1
 
     def _drain_xpub(self) -> None:
-        while True:
+        # A store reader's SUB just subscribed to our hellos: it will hear this one.
+        for reader in new_subscribers(self.xpub, proto.CONSUMER_HELLO):
             try:
-                frame = self.xpub.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            event = proto.decode_xpub_event(frame)
-            # A store reader's SUB just subscribed to our hellos: it will hear this one.
-            if event is not None and event.is_subscribe and event.id == proto.CONSUMER_HELLO:
-                try:
-                    self._hello(event.rest.decode())
-                except UnicodeDecodeError:
-                    continue
+                self._hello(reader.decode())
+            except UnicodeDecodeError:
+                continue
 
     # -- outgoing -----------------------------------------------------------------------
 

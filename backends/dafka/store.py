@@ -40,7 +40,13 @@ import zmq
 from rocksdict import WriteBatch
 
 from backends.dafka import proto
-from backends.dafka.beacon import Beacon, apply_events, bind_data_socket, now_ms
+from backends.dafka.beacon import (
+    Beacon,
+    apply_events,
+    bind_data_socket,
+    new_subscribers,
+    now_ms,
+)
 from backends.dafka.config import Config, ConfigError
 from backends.dafka.fetch_filter import FetchFilter
 from backends.dafka.storage import Retention, Storage, partition_prefix
@@ -396,14 +402,8 @@ class _Writer(_Actor):
 
     def _on_subscriptions(self) -> None:
         """A store reader's SUB subscribed `W<reader>` on our XPUB: say hello to it."""
-        while True:
-            try:
-                frame = self.pub.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            event = proto.decode_xpub_event(frame)
-            if event is not None and event.is_subscribe and event.id == proto.CONSUMER_HELLO:
-                self._hello(event.rest)
+        for reader in new_subscribers(self.pub, proto.CONSUMER_HELLO):
+            self._hello(reader)
 
     def _on_store_hello(self, frames: list[bytes]) -> None:
         """Our SUB joined a store reader's XPUB (it greets us): say hello to it."""
@@ -616,17 +616,10 @@ class _Reader(_Actor):
 
     def _on_subscriptions(self) -> None:
         """A consumer's SUB subscribed `L<consumer>`: greet it with STORE_HELLO (§1.5)."""
-        while True:
-            try:
-                frame = self.xpub.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            event = proto.decode_xpub_event(frame)
-            if event is None or not event.is_subscribe or event.id != proto.STORE_HELLO:
+        for consumer in new_subscribers(self.xpub, proto.STORE_HELLO):
+            if not consumer or b"\0" in consumer:
                 continue
-            if not event.rest or b"\0" in event.rest:
-                continue
-            hello = proto.Message(proto.STORE_HELLO, event.rest, address=self.uuid)
+            hello = proto.Message(proto.STORE_HELLO, consumer, address=self.uuid)
             self.xpub.send_multipart(proto.encode(hello))
 
     def _on_requests(self) -> None:
