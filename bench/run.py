@@ -24,7 +24,8 @@ from confluent_kafka import Consumer, Producer
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from backends.kafka.tansu import TansuBroker, free_port
-from e2e.helpers import RafkaProcess, create_topic, gateway_config, wait_until, write_config
+from e2e.helpers import RafkaProcess, gateway_config, write_config
+from tests.waiting import wait_until
 
 VALUE = "x" * 100
 
@@ -217,7 +218,7 @@ def main() -> int:
         try:
             # The producer refuses unknown topics (as Rafka's tests require): create it,
             # and warm the gateway's producer up so the first timed request is not a cold one.
-            bench_topic = create_topic(broker.bootstrap, partitions=4)
+            bench_topic = broker.create_topic(4)
             subprocess.run(
                 [
                     "redis-cli",
@@ -244,9 +245,9 @@ def main() -> int:
                 wait_delivered(gateway.port)
 
             print("\nKafka path: records/s, gateway vs direct confluent-kafka")
-            topic_a = create_topic(broker.bootstrap, partitions=4)
-            topic_b = create_topic(broker.bootstrap, partitions=4)
-            topic_c = create_topic(broker.bootstrap, partitions=4)
+            topic_a = broker.create_topic(4)
+            topic_b = broker.create_topic(4)
+            topic_c = broker.create_topic(4)
             direct = direct_produce(broker.bootstrap, topic_b, args.records)
             row(
                 "  produce, pipelined RPUSHX (1000/batch)",

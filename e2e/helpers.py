@@ -8,25 +8,13 @@ import signal
 import socket
 import subprocess
 import sys
-import time
-import uuid
-from collections.abc import Callable
 from pathlib import Path
 
-from confluent_kafka.admin import AdminClient, NewTopic
-
 from backends.kafka.tansu import free_port
+from tests.waiting import wait_until
 
 RAFKA = Path(sys.executable).parent / "rafka"
 REPO = Path(__file__).resolve().parent.parent
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float, message: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s: {message}")
-        time.sleep(0.02)
 
 
 def gateway_config(bootstrap: str) -> dict[str, dict[str, object]]:
@@ -53,14 +41,6 @@ def gateway_config(bootstrap: str) -> dict[str, dict[str, object]]:
             "topic.metadata.propagation.max.ms": 200,
         },
     }
-
-
-def create_topic(bootstrap: str, partitions: int = 4) -> str:
-    name = f"r-{uuid.uuid4().hex[:6]}"
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    futures = admin.create_topics([NewTopic(name, num_partitions=partitions)])
-    futures[name].result(timeout=10)
-    return name
 
 
 def port_answers_ping(port: int) -> bool:

@@ -16,7 +16,7 @@ import pytest
 from rocksdict import AccessType, Options, Rdict
 
 from backends.kafka.tansu import free_port
-from e2e.helpers import wait_until
+from tests.waiting import wait_until
 
 BIN = Path(sys.executable).parent
 

@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from backends.kafka.tansu import TansuBroker
-from e2e.helpers import REPO, RafkaProcess, create_topic, write_config
+from e2e.helpers import REPO, RafkaProcess, write_config
 
 RUBY_CLIENT = REPO / "clients" / "ruby-example" / "rafka_example.rb"
 
@@ -50,7 +50,7 @@ def ruby(*args: str) -> list[str]:
 
 
 def test_redis_cli_produces_consumes_and_acks(rafka: RafkaProcess, tansu: TansuBroker) -> None:
-    topic = create_topic(tansu.bootstrap, partitions=1)
+    topic = tansu.create_topic(1)
     assert redis_cli(rafka.port, "RPUSHX", f"topics:{topic}", "hello from redis-cli") == "1\n"
     assert redis_cli(rafka.port, "DUMP", "5000") == "0\n"
 
@@ -97,7 +97,7 @@ def test_redis_cli_resp3_reads_stats_as_a_map(rafka: RafkaProcess) -> None:
 def test_redis_rb_produces_and_consumes_every_record(
     rafka: RafkaProcess, tansu: TansuBroker
 ) -> None:
-    topic = create_topic(tansu.bootstrap, partitions=4)
+    topic = tansu.create_topic(4)
     assert ruby("produce", str(rafka.port), topic, "40") == ['{"flushed":0}']
 
     records = [json.loads(line) for line in ruby("consume", str(rafka.port), topic, "rb", "40")]
@@ -118,7 +118,7 @@ def test_redis_rb_produces_and_consumes_every_record(
 def test_redis_rb_keyed_records_share_one_partition(
     rafka: RafkaProcess, tansu: TansuBroker
 ) -> None:
-    topic = create_topic(tansu.bootstrap, partitions=4)
+    topic = tansu.create_topic(4)
     assert ruby("produce", str(rafka.port), topic, "30", "foo") == ['{"flushed":0}']
     records = [json.loads(line) for line in ruby("consume", str(rafka.port), topic, "kg", "30")]
     assert len(records) == 30
@@ -134,7 +134,7 @@ def test_redis_rb_reads_stats(rafka: RafkaProcess) -> None:
 def test_sigterm_answers_blocked_consumer_and_exits_zero(
     tansu: TansuBroker, tmp_path: Path
 ) -> None:
-    topic = create_topic(tansu.bootstrap, partitions=1)
+    topic = tansu.create_topic(1)
     server = RafkaProcess(write_config(tmp_path / "librdkafka.json", tansu.bootstrap))
     server.start()
     producer = redis.Redis(port=server.port, protocol=2)

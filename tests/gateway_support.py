@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import secrets
 import socket
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import redis
 from confluent_kafka import ConsumerGroupState
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient
 
 from backends.kafka.tansu import TansuBroker
 from gateway.config import Config, from_dict
@@ -52,33 +50,6 @@ def kafka_config(broker: TansuBroker, gateway: dict[str, Any] | None = None) -> 
 def running(config: Config) -> Iterator[ServerThread]:
     with ServerThread(config) as server:
         yield server
-
-
-def wait_until(check: Callable[[], T], timeout: float, what: str, interval: float = 0.02) -> T:
-    """Poll `check` until it returns something truthy; fail naming `what` after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
-
-
-def new_topic(broker: TansuBroker, partitions: int = 4) -> str:
-    """A fresh topic `r-<6 hex>` (Rafka's test naming), created and confirmed."""
-    name = f"r-{secrets.token_hex(3)}"
-    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
-    futures = admin.create_topics([NewTopic(name, num_partitions=partitions)])
-    futures[name].result(10)
-
-    def visible() -> bool:
-        topic = admin.list_topics(timeout=5).topics.get(name)
-        return topic is not None and len(topic.partitions) == partitions
-
-    wait_until(visible, 10, f"topic {name} in the metadata")
-    return name
 
 
 def group_state(admin: AdminClient, group: str) -> ConsumerGroupState:

@@ -17,7 +17,7 @@ import redis
 from backends.kafka.tansu import TansuBroker, free_port
 from gateway import __version__
 from gateway.config import REDACTED, Config, ConfigError, from_args, from_dict
-from tests.gateway_support import wait_until
+from tests.waiting import wait_until
 
 # The console script installed with the package (pyproject [project.scripts]).
 RAFKA = [str(Path(sys.executable).parent / "rafka")]

@@ -13,7 +13,8 @@ import redis
 
 from backends.kafka.tansu import TansuBroker
 from gateway.runner import ServerThread
-from tests.gateway_support import Raw, client, kafka_config, new_topic, running, wait_until
+from tests.gateway_support import Raw, client, kafka_config, running
+from tests.waiting import wait_until
 
 # Short default so that "non-numeric timeout -> default" is quick to observe.
 DEFAULT_TIMEOUT = 1.0
@@ -28,7 +29,7 @@ def server(tansu: TansuBroker) -> Iterator[ServerThread]:
 
 @pytest.fixture(scope="module")
 def topic(tansu: TansuBroker) -> str:
-    return new_topic(tansu)
+    return tansu.create_topic()
 
 
 def group() -> str:
@@ -122,7 +123,7 @@ def test_consumer_config_applies_at_creation_only(server: ServerThread, topic: s
 
 
 def test_blpop_timeout_zero_waits_for_a_record(server: ServerThread, tansu: TansuBroker) -> None:
-    fresh = new_topic(tansu, partitions=1)
+    fresh = tansu.create_topic(1)
     with named(server, f"{group()}:forever") as raw, client(server) as producer:
         raw.command("BLPOP", f"topics:{fresh}", "0")
         wait_until(lambda: server.server.waiting_commands == 1, 10, "the BLPOP to wait")
@@ -228,7 +229,7 @@ def test_dump(server: ServerThread, topic: str) -> None:  # A10
 def test_rpushx_prefix_not_checked_and_several_values(
     server: ServerThread, tansu: TansuBroker
 ) -> None:  # G7, multi-value RPUSHX
-    fresh = new_topic(tansu, partitions=1)
+    fresh = tansu.create_topic(1)
     with client(server) as producer:
         assert producer.rpushx(f"topic:{fresh}:bar", "a msg") == 1
         assert producer.execute_command("RPUSHX", f"x:{fresh}", "b", "c", "d") == 3
@@ -244,7 +245,7 @@ def test_rpushx_prefix_not_checked_and_several_values(
 def test_rpushx_refused_value_keeps_the_values_before_it(
     server: ServerThread, tansu: TansuBroker
 ) -> None:  # multi-value RPUSHX, refused in the middle
-    fresh = new_topic(tansu, partitions=1)
+    fresh = tansu.create_topic(1)
     huge = "x" * 2_000_000  # over librdkafka's message.max.bytes: refused at once
     with Raw(server.port, timeout=20) as raw:
         raw.command("RPUSHX", f"topics:{fresh}", "a", "b", huge, "c")

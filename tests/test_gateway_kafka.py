@@ -23,10 +23,9 @@ from tests.gateway_support import (
     client,
     group_state,
     kafka_config,
-    new_topic,
     running,
-    wait_until,
 )
+from tests.waiting import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -172,7 +171,7 @@ def gid() -> str:
 
 
 def test_consume_many_and_keyed_partition(server: ServerThread, tansu: TansuBroker) -> None:
-    topic = new_topic(tansu)  # E1 then E2 on the same topic and consumer
+    topic = tansu.create_topic()  # E1 then E2 on the same topic and consumer
     produce_all(server, topic, [0, 1, 2])
     consumer = Consumer(server, gid(), topic, protocol=2)
     values = sorted(consumer.consume_with_retry().value for _ in range(3))
@@ -185,7 +184,7 @@ def test_consume_many_and_keyed_partition(server: ServerThread, tansu: TansuBrok
 
 
 def test_two_consumers_one_group_and_rebalance(server: ServerThread, tansu: TansuBroker) -> None:
-    topic, group = new_topic(tansu), gid()  # E3
+    topic, group = tansu.create_topic(), gid()  # E3
     first = Consumer(server, group, topic)
     second = Consumer(server, group, topic)
     produce_all(server, topic, ["a", "b"])
@@ -202,7 +201,7 @@ def test_two_consumers_one_group_and_rebalance(server: ServerThread, tansu: Tans
     first.close()
     second.close()
 
-    topic, group = new_topic(tansu), gid()  # E4
+    topic, group = tansu.create_topic(), gid()  # E4
     cons1 = Consumer(server, group, topic)
     produce_all(server, topic, ["hi"])
     assert [m.value for m in cons1.consume_committed(1)] == ["hi"]
@@ -217,7 +216,7 @@ def test_two_consumers_one_group_and_rebalance(server: ServerThread, tansu: Tans
 
 
 def test_different_topics(server: ServerThread, tansu: TansuBroker) -> None:  # E5
-    topic1, topic2 = new_topic(tansu), new_topic(tansu)
+    topic1, topic2 = tansu.create_topic(), tansu.create_topic()
     produce_all(server, topic1, ["I'm Mr. Meeseeks"])
     produce_all(server, topic2, ["Look at me"])
     one = Consumer(server, gid(), topic1)
@@ -247,7 +246,7 @@ def test_produce_wrong_topic_and_stats_reset(server: ServerThread) -> None:  # E
 
 
 def test_reconnect_single_partition(server: ServerThread, tansu: TansuBroker) -> None:  # E7
-    topic, group = new_topic(tansu, partitions=1), gid()
+    topic, group = tansu.create_topic(1), gid()
     produce_all(server, topic, ["foo"])
     first = Consumer(server, group, topic)
     assert [m.value for m in first.consume_committed(1)] == ["foo"]
@@ -263,7 +262,7 @@ def test_reconnect_single_partition(server: ServerThread, tansu: TansuBroker) ->
 
 @pytest.mark.slow
 def test_reconnect_many_partitions(server: ServerThread, tansu: TansuBroker) -> None:  # E8
-    topic, group = new_topic(tansu), gid()
+    topic, group = tansu.create_topic(), gid()
     seen: list[str] = []
 
     def drain(consumers: list[Consumer], wanted: int) -> None:
@@ -293,7 +292,7 @@ def test_reconnect_many_partitions(server: ServerThread, tansu: TansuBroker) -> 
 
 
 def test_consumer_id_reclaim_and_uniqueness(server: ServerThread, tansu: TansuBroker) -> None:
-    topic, group = new_topic(tansu), gid()  # E9, E10
+    topic, group = tansu.create_topic(), gid()  # E9, E10
     produce_all(server, topic, ["one"])
     first = Consumer(server, group, topic, name="i")
     assert [m.value for m in first.consume_committed(1)] == ["one"]
@@ -307,7 +306,7 @@ def test_consumer_id_reclaim_and_uniqueness(server: ServerThread, tansu: TansuBr
 
 
 def test_manual_commit(server: ServerThread, tansu: TansuBroker) -> None:  # E13
-    topic, group = new_topic(tansu, partitions=2), gid()
+    topic, group = tansu.create_topic(2), gid()
     produce_all(server, topic, list(range(50)))
     consumer = Consumer(server, group, topic)
     unacked = [consumer.consume_with_retry() for _ in range(50)]
@@ -328,7 +327,7 @@ def test_manual_commit(server: ServerThread, tansu: TansuBroker) -> None:  # E13
 
 
 def test_batches_and_commit_on_close(server: ServerThread, tansu: TansuBroker) -> None:
-    topic, group = new_topic(tansu, partitions=1), gid()  # E14, E15, E16
+    topic, group = tansu.create_topic(1), gid()  # E14, E15, E16
     produce_all(server, topic, list(range(50)))
 
     def batch(consumer: Consumer, size: int) -> list[Message]:
@@ -359,7 +358,7 @@ def test_batches_and_commit_on_close(server: ServerThread, tansu: TansuBroker) -
 
 
 def test_librdkafka_config_overrides(server: ServerThread, tansu: TansuBroker) -> None:  # E17
-    topic = new_topic(tansu, partitions=1)
+    topic = tansu.create_topic(1)
     for bad in ({"foo": "bar"}, {"session.timeout.ms": True}):
         consumer = Consumer(server, gid(), topic, config=bad)
         with pytest.raises(redis.ResponseError, match=r"^CONS Failed to register Consumer"):

@@ -22,7 +22,8 @@ from backends.base import Stats
 from backends.kafka.tansu import TansuBroker
 from gateway import __version__
 from gateway.runner import ServerThread
-from tests.gateway_support import Raw, client, kafka_config, running, wait_until
+from tests.gateway_support import Raw, client, kafka_config, running
+from tests.waiting import wait_until
 
 
 @pytest.fixture(scope="module")

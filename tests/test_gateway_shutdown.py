@@ -12,7 +12,8 @@ from backends.kafka.engine import KafkaEngine
 from backends.kafka.tansu import TansuBroker
 from gateway.config import Config
 from gateway.runner import ServerThread
-from tests.gateway_support import Raw, client, kafka_config, new_topic, wait_until
+from tests.gateway_support import Raw, client, kafka_config
+from tests.waiting import wait_until
 
 
 class HeldConsumer(Consumer):
@@ -87,7 +88,7 @@ def blpop_waiting(server: ServerThread, name: str, topic: str) -> Raw:
 
 
 def test_shutdown_sequence(tansu: TansuBroker) -> None:  # A15, G1
-    topic = new_topic(tansu)
+    topic = tansu.create_topic()
     config = kafka_config(tansu, {"shutdown_timeout": 30})
     engine = engine_for(config)
     server = ServerThread(config, engine=engine).start()
@@ -133,7 +134,7 @@ async def _set(event: asyncio.Event) -> None:
 
 
 def test_shutdown_is_bounded(tansu: TansuBroker) -> None:
-    topic = new_topic(tansu, partitions=1)
+    topic = tansu.create_topic(1)
     config = kafka_config(tansu, {"shutdown_timeout": 1})
     engine = engine_for(config)
     server = ServerThread(config, engine=engine).start()

@@ -19,7 +19,7 @@ from typing import Any, ParamSpec
 import pytest
 from confluent_kafka import ConsumerGroupState, KafkaError, Message
 from confluent_kafka import Producer as RawProducer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient
 
 from backends.base import (
     AckError,
@@ -67,14 +67,6 @@ def asyncio_test(test: Callable[P, Coroutine[Any, Any, None]]) -> Callable[P, No
         asyncio.run(test(*args, **kwargs))
 
     return run
-
-
-def new_topic(broker: TansuBroker, partitions: int = 4) -> str:
-    name = f"r-{uuid.uuid4().hex[:6]}"
-    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
-    for future in admin.create_topics([NewTopic(name, partitions, 1)]).values():
-        future.result(timeout=WAIT)
-    return name
 
 
 def new_group() -> str:
@@ -153,7 +145,7 @@ async def timed(awaitable: Awaitable[Any]) -> tuple[Any, float]:
 
 @asyncio_test
 async def test_topics_lists_a_created_topic(tansu: TansuBroker) -> None:
-    topic = new_topic(tansu)
+    topic = tansu.create_topic()
     async with running_engine(tansu.bootstrap) as engine:
         assert topic in await engine.topics()
 
@@ -176,7 +168,7 @@ async def test_unreachable_broker_gives_metadata_error_and_counts_unknown_events
 
 @asyncio_test
 async def test_flush_waits_only_for_the_handles_own_records(tansu: TansuBroker) -> None:
-    topic = new_topic(tansu)
+    topic = tansu.create_topic()
     missing = f"r-missing-{uuid.uuid4().hex[:6]}"
     # A record for a missing topic stays outstanding until librdkafka gives up on the
     # topic: 1.5 s here, long enough to show that the other handle does not wait for it.
@@ -237,7 +229,7 @@ async def test_unknown_topic_first_produce_is_a_delivery_error(tansu: TansuBroke
 
 @asyncio_test
 async def test_produce_is_refused_at_once_with_librdkafkas_text(tansu: TansuBroker) -> None:
-    topic = new_topic(tansu)
+    topic = tansu.create_topic()
     async with running_engine(tansu.bootstrap) as engine:
         handle = engine.producer("s")
         with pytest.raises(ProduceError) as too_big:
@@ -258,7 +250,7 @@ async def test_produce_is_refused_at_once_with_librdkafkas_text(tansu: TansuBrok
 
 @asyncio_test
 async def test_produce_many_keeps_order_and_counts_each_record_once(tansu: TansuBroker) -> None:
-    topic = new_topic(tansu, partitions=1)  # one partition: the log order is the produce order
+    topic = tansu.create_topic(1)  # one partition: the log order is the produce order
     async with running_engine(tansu.bootstrap) as engine:
         handle = engine.producer("s")
         first = [f"a{i}".encode() for i in range(300)]
@@ -287,7 +279,7 @@ async def test_produce_many_keeps_order_and_counts_each_record_once(tansu: Tansu
 
 @asyncio_test
 async def test_produce_many_refusal_keeps_the_records_before_it(tansu: TansuBroker) -> None:
-    topic = new_topic(tansu, partitions=1)
+    topic = tansu.create_topic(1)
     async with running_engine(tansu.bootstrap) as engine:
         handle = engine.producer("s")
         huge = b"x" * 2_000_000  # over message.max.bytes: refused inside produce()
@@ -346,7 +338,7 @@ async def test_bad_producer_config_raises_and_the_next_call_tries_again(
 async def test_keyed_records_land_on_one_partition_and_all_are_consumed(
     tansu: TansuBroker,
 ) -> None:
-    topic = new_topic(tansu)
+    topic = tansu.create_topic()
     before = rafka_threads()
     async with running_engine(tansu.bootstrap) as engine:
         handle = engine.producer("s")
@@ -392,7 +384,7 @@ async def test_keyed_records_land_on_one_partition_and_all_are_consumed(
 async def test_acks_are_committed_on_close_and_unacked_records_come_back(
     tansu: TansuBroker,
 ) -> None:
-    topic = new_topic(tansu, partitions=1)
+    topic = tansu.create_topic(1)
     group = new_group()
     async with running_engine(tansu.bootstrap) as engine:
         handle = engine.producer("s")
@@ -432,7 +424,7 @@ async def test_acks_are_committed_on_close_and_unacked_records_come_back(
 async def test_two_members_of_a_group_share_partitions_without_loss(
     tansu: TansuBroker,
 ) -> None:
-    topic = new_topic(tansu)
+    topic = tansu.create_topic()
     raw = RawProducer({"bootstrap.servers": tansu.bootstrap, "queue.buffering.max.ms": "0"})
     produced: set[bytes] = set()
 
@@ -481,7 +473,7 @@ async def test_two_members_of_a_group_share_partitions_without_loss(
 
 @asyncio_test
 async def test_consumer_overrides_apply_and_bad_ones_fail_creation(tansu: TansuBroker) -> None:
-    topic = new_topic(tansu, partitions=1)
+    topic = tansu.create_topic(1)
     async with running_engine(tansu.bootstrap) as engine:
         handle = engine.producer("s")
         handle.produce(topic, None, b"foo")
@@ -519,7 +511,7 @@ async def test_consumer_overrides_apply_and_bad_ones_fail_creation(tansu: TansuB
 async def test_next_times_out_raises_real_errors_and_survives_cancellation(
     tansu: TansuBroker,
 ) -> None:
-    topic = new_topic(tansu, partitions=1)
+    topic = tansu.create_topic(1)
     async with running_engine(tansu.bootstrap) as engine:
         consumer, failing = await asyncio.gather(
             engine.consumer(new_group(), "c", [topic], {}),
@@ -649,7 +641,7 @@ def test_consume_batch_must_be_positive() -> None:
 async def test_batches_keep_partition_order_and_close_returns_the_unserved_to_the_group(
     tansu: TansuBroker,
 ) -> None:
-    topic = new_topic(tansu, partitions=2)
+    topic = tansu.create_topic(2)
     produce_per_partition(tansu, topic, partitions=2, each=30)
     group = new_group()
     # Batches of 25: the 60 records take several fetches.
@@ -682,7 +674,7 @@ async def test_batches_keep_partition_order_and_close_returns_the_unserved_to_th
 
 @asyncio_test
 async def test_an_error_inside_a_batch_is_raised_at_its_place(tansu: TansuBroker) -> None:
-    topic = new_topic(tansu, partitions=1)
+    topic = tansu.create_topic(1)
     produce_per_partition(tansu, topic, partitions=1, each=5)
     async with running_engine(tansu.bootstrap) as engine:
         consumer = await engine.consumer(new_group(), "c", [topic], {})
@@ -713,7 +705,7 @@ async def test_an_error_inside_a_batch_is_raised_at_its_place(tansu: TansuBroker
 async def test_a_rebalance_drops_buffered_records_of_revoked_partitions(
     tansu: TansuBroker,
 ) -> None:
-    topic = new_topic(tansu)
+    topic = tansu.create_topic()
     produce_per_partition(tansu, topic, partitions=4, each=40)
     produced = {f"p{p}-{n}".encode() for p in range(4) for n in range(40)}
     group = new_group()
@@ -772,7 +764,7 @@ async def test_a_rebalance_drops_buffered_records_of_revoked_partitions(
 
 @asyncio_test
 async def test_stop_closes_what_the_gateway_left_open(tansu: TansuBroker) -> None:
-    topic = new_topic(tansu)
+    topic = tansu.create_topic()
     before = rafka_threads()
     engine = KafkaEngine(
         Stats(),
@@ -800,7 +792,7 @@ async def test_stop_closes_what_the_gateway_left_open(tansu: TansuBroker) -> Non
 async def test_a_consumer_still_being_created_when_stop_runs_is_closed(
     tansu: TansuBroker,
 ) -> None:
-    topic = new_topic(tansu)
+    topic = tansu.create_topic()
     before = rafka_threads()
     engine = KafkaEngine(
         Stats(),
@@ -824,7 +816,7 @@ async def test_a_consumer_still_being_created_when_stop_runs_is_closed(
 async def test_produce_on_a_handle_outliving_the_engine_is_refused_and_not_counted(
     tansu: TansuBroker,
 ) -> None:
-    topic = new_topic(tansu)
+    topic = tansu.create_topic()
     engine = KafkaEngine(
         Stats(),
         {**CONSUMER, "bootstrap.servers": tansu.bootstrap},

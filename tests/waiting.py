@@ -1,0 +1,21 @@
+"""Waiting for an event in tests: poll with a bound, fail with a message naming the event."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def wait_until(check: Callable[[], T], timeout: float, what: str, interval: float = 0.01) -> T:
+    """Poll `check` until it returns something truthy (returned); fail naming `what`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s: {what}")
+        time.sleep(interval)
