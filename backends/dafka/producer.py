@@ -70,6 +70,7 @@ class Producer:
         self._wake_pending = False
         self._submitted = 0  # records handed to publish()
         self._released = 0  # records acked (written by the actor only)
+        self._sent = 0  # records sent on the wire (written by the actor only)
         self._closed = False
         self._failed = False  # the actor died of an unexpected error
         self._term_deadline = math.inf  # monotonic seconds; set by close() before _TERM
@@ -115,6 +116,10 @@ class Producer:
         (no peer on the pipe) must not hang publish() or close()."""
         with contextlib.suppress(zmq.Again):
             self._pipe.send(command, zmq.NOBLOCK)
+
+    def sent_count(self) -> int:
+        """Records the actor has published on the wire (publish() only queues them)."""
+        return self._sent
 
     def unacked_count(self) -> int:
         """Records published through this producer that no store has acknowledged yet."""
@@ -247,6 +252,7 @@ class Producer:
                 if taken and next_seq == 0:
                     next_head = now_ms() + self._head_interval
                 next_seq += taken
+                self._sent = next_seq
                 self._released = next_seq - len(unacked)
 
             now = now_ms()

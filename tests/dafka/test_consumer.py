@@ -21,7 +21,7 @@ from backends.dafka.consumer import Consumer, DafkaRecord
 from backends.dafka.producer import Producer
 from backends.dafka.test_peer import TestPeer
 from backends.dafka.tower import Tower
-from tests.dafka.conftest import wait_until
+from tests.waiting import wait_until
 
 ConsumerFactory = Callable[..., Consumer]
 
@@ -542,9 +542,12 @@ def test_latest_consumer_with_producer_first_record_is_the_next_one(tcp_config: 
         ),
         "hello",
     )
+    producer.publish(b"HELLO MATE")
+    # publish() only queues: the consumer may exist only once the record is on the wire,
+    # or its subscription could reach the producer first (and it would rightly get it).
+    wait_until(lambda: producer.sent_count() == 1, 5, "HELLO MATE was never sent")
     consumer = Consumer(tcp_node_config(tcp_config, **{"consumer/offset/reset": "latest"}))
     try:
-        producer.publish(b"HELLO MATE")
         consumer.subscribe("hello")
         # The subscription needs the beacon round trip: publish until one arrives.
         deadline = time.monotonic() + 10

@@ -19,7 +19,7 @@ from backends.dafka.config import Config
 from backends.dafka.producer import Producer
 from backends.dafka.test_peer import TestPeer
 from backends.dafka.tower import Tower
-from tests.dafka.conftest import wait_until
+from tests.waiting import wait_until
 
 
 def make_producer(
@@ -142,6 +142,7 @@ def test_ack_releases_records_up_to_its_sequence(producer: Producer, test_peer: 
     link(test_peer, producer)
     publish(test_peer, producer, [f"record {i}".encode() for i in range(10)])
     assert producer.unacked_count() == 10
+    wait_until(lambda: producer.sent_count() == 10, 5, "sent_count() did not reach 10")
     send_ack(test_peer, producer, 4)
     wait_until(lambda: producer.unacked_count() == 5, 5, "ACK 4 did not release records 0..4")
     send_ack(test_peer, producer, 2)  # older ACKs change nothing
