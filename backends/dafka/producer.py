@@ -21,6 +21,7 @@ import struct
 import threading
 import time
 import uuid
+from collections.abc import Callable
 
 import structlog
 import zmq
@@ -54,10 +55,28 @@ def check_topic(topic: str) -> bytes:
 class Producer:
     """Publishes records on one new partition (its uuid) of `topic`."""
 
-    def __init__(self, config: Config, topic: str, context: zmq.Context | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        topic: str,
+        context: zmq.Context | None = None,
+        *,
+        address: str | None = None,
+        first_sequence: int = 0,
+        on_ack: Callable[[int], None] | None = None,
+    ) -> None:
+        """`address` and `first_sequence` let an owner resume a partition it wrote before
+        (the gateway's stable partitions); by default a new partition starts at 0.
+        `on_ack(last_acked)` runs on the actor thread whenever an ACK releases records."""
         self._topic_bytes = check_topic(topic)
         self.topic = topic
-        self.address = uuid.uuid4().hex.upper()
+        if first_sequence < 0:
+            raise ValueError(f"first_sequence must be >= 0, not {first_sequence}")
+        self.address = address if address is not None else uuid.uuid4().hex.upper()
+        if len(self.address) != 32 or not all(c in "0123456789ABCDEF" for c in self.address):
+            raise ValueError(f"a partition address is 32 upper-case hex digits: {address!r}")
+        self.first_sequence = first_sequence
+        self._on_ack = on_ack
         self._config = config
         self._context = context or zmq.Context.instance()
         self._terminate_unacked = config.get_int("producer/terminate_unacked", 0) == 1
@@ -96,8 +115,8 @@ class Producer:
 
     # -- user side ----------------------------------------------------------------------
 
-    def publish(self, content: bytes | bytearray | memoryview) -> None:
-        """Queue one record; never blocks on the network."""
+    def publish(self, content: bytes | bytearray | memoryview) -> int:
+        """Queue one record; never blocks on the network. Returns its sequence."""
         if type(content) is not bytes:
             if not isinstance(content, (bytes, bytearray, memoryview)):
                 raise TypeError(f"record content must be bytes, not {type(content).__name__}")
@@ -106,10 +125,12 @@ class Producer:
             if self._closed or self._failed:
                 raise RuntimeError("Dafka producer is closed")
             self._queue.append(content)
+            sequence = self.first_sequence + self._submitted
             self._submitted += 1
             if not self._wake_pending:
                 self._wake_pending = True
                 self._signal(_WAKE)
+        return sequence
 
     def _signal(self, command: bytes) -> None:
         """Send a command to the actor (caller holds `_lock`). Never blocks: a dead actor
@@ -189,7 +210,8 @@ class Producer:
                 sock.close()
 
     def _loop(self, pipe: zmq.Socket, pub: zmq.Socket, sub: zmq.Socket, beacon: Beacon) -> None:
-        unacked = UnackedList()
+        unacked = UnackedList(self.first_sequence)
+        first = self.first_sequence
         record_prefix = self._prefix(proto.RECORD, self.topic)
         direct_prefixes: dict[str, bytes] = {}
         topic = self.topic
@@ -197,7 +219,7 @@ class Producer:
         send = pub.send
         more = zmq.SNDMORE
         pack = _PACK_SEQ
-        next_seq = 0  # what unacked.push() will return next
+        next_seq = first  # what unacked.push() will return next
         next_head = math.inf  # ms; the HEAD timer starts with the first record
         terminating = False
 
@@ -233,8 +255,11 @@ class Producer:
                 apply_events(beacon.handle(), sub)
 
             if sub in events:
+                acked = unacked.last_acked
                 self._handle_sub(sub, pub, unacked, direct_prefixes, topic)
-                self._released = next_seq - len(unacked)
+                self._released = next_seq - first - len(unacked)
+                if self._on_ack is not None and unacked.last_acked != acked:
+                    self._on_ack(unacked.last_acked)
 
             if queue:
                 taken = 0
@@ -249,11 +274,11 @@ class Producer:
                     send(record_prefix + pack(seq), more)
                     send(content)
                     taken += 1
-                if taken and next_seq == 0:
+                if taken and next_seq == first:
                     next_head = now_ms() + self._head_interval
                 next_seq += taken
-                self._sent = next_seq
-                self._released = next_seq - len(unacked)
+                self._sent = next_seq - first
+                self._released = next_seq - first - len(unacked)
 
             now = now_ms()
             if now >= next_head:

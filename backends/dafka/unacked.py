@@ -14,11 +14,11 @@ _COMPACT_AT = 4096  # drop released slots once there are this many and they are 
 
 
 class UnackedList:
-    def __init__(self) -> None:
+    def __init__(self, first_sequence: int = 0) -> None:
         self._records: list[bytes] = []
         self._head = 0  # index in _records of the first unacked record
-        self._first_seq = 0  # sequence of _records[_head]
-        self._last_acked = -1
+        self._first_seq = first_sequence  # sequence of _records[_head]
+        self._last_acked = first_sequence - 1
 
     @property
     def first_sequence(self) -> int:

@@ -35,7 +35,7 @@ def report(count: int, size: int, elapsed: float) -> None:
 
 
 def publish_all(
-    publish: Callable[[bytes], None], count: int, size: int, rate: float, timestamp: bool
+    publish: Callable[[bytes], object], count: int, size: int, rate: float, timestamp: bool
 ) -> None:
     """Publish `count` records, at most `rate` per second when rate > 0."""
     content = bytes(size)

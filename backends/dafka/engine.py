@@ -1,0 +1,355 @@
+"""The Dafka engine behind the gateway (`backends/base.py` on the Python Dafka actors).
+
+What it adds to Dafka, and where:
+- integer partitions and key partitioning: `partitions.py`;
+- partition writers with stable addresses, DUMP as a durability barrier: `producing.py`;
+- consumer groups, rebalancing, redelivery: `groups.py`;
+- durable committed offsets, as records of an internal topic: `offsets.py`;
+- what the network holds (heads, topics): `observer.py`.
+The network is either embedded (a tower and stores as child processes, `embedded.py`) or
+joined (tower endpoints given; the gateway starts nothing).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+import structlog
+
+from backends.base import (
+    ConsumerCreationError,
+    Engine,
+    EngineError,
+    MetadataError,
+    Stats,
+)
+from backends.dafka.config import Config as DafkaConfig
+from backends.dafka.groups import Group, Member
+from backends.dafka.observer import NotSettled, Observer
+from backends.dafka.offsets import OFFSETS_TOPIC, CommitLog
+from backends.dafka.partitions import MAX_PARTITIONS, PartitionMap, make_partitioner
+from backends.dafka.producing import PartitionWriter, ProducerHandle
+
+log = structlog.get_logger("rafka.dafka.engine")
+
+STOPPED = "Engine stopped"
+RESETS = {"earliest": "earliest", "smallest": "earliest", "beginning": "earliest"} | {
+    "latest": "latest",
+    "largest": "latest",
+    "end": "latest",
+}
+
+
+def _empty() -> Mapping[str, Any]:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True)
+class DafkaSettings:
+    """The `dafka` section of the configuration (documented in docs/gateway.md)."""
+
+    # Joined mode when set: the towers of an existing network ("tcp://host:5556", comma
+    # separated; beacons publish there) and their publishing side (5557).
+    tower_sub_address: str = ""
+    tower_pub_address: str = ""
+    # Embedded mode.
+    data_dir: str = "rafka-data"
+    stores: int = 1
+    # Both modes.
+    partitions: int = 4
+    topic_partitions: Mapping[str, int] = field(default_factory=_empty)
+    partitioner: str = "consistent_random"
+    node: int = 0
+    min_stores: int = 1
+    auto_offset_reset: str = "earliest"
+    commit_interval: float = 1.0
+    snapshot_interval: float = 3600.0
+    start_timeout: float = 10.0
+    queue_max_messages: int = 1_000_000
+    # Passed to the Dafka actors (and, embedded, to the stores): zconfig paths.
+    settings: Mapping[str, str] = field(default_factory=_empty)
+
+    @property
+    def joined(self) -> bool:
+        return bool(self.tower_sub_address or self.tower_pub_address)
+
+    def partition_count(self, topic: str) -> int:
+        return self.topic_partitions.get(topic, self.partitions)
+
+
+class Network:
+    """Where the engine's Dafka actors find their peers (embedded or joined)."""
+
+    config: DafkaConfig
+    stores: int
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+class JoinedNetwork(Network):
+    def __init__(self, settings: DafkaSettings) -> None:
+        values: dict[str, str] = {
+            "beacon/sub_address": settings.tower_sub_address or "tcp://127.0.0.1:5556",
+            "beacon/pub_address": settings.tower_pub_address or "tcp://127.0.0.1:5557",
+            "beacon/ready_timeout": str(int(settings.start_timeout * 1000)),
+        }
+        self.config = DafkaConfig({**values, **settings.settings})
+        self.stores = settings.min_stores
+
+
+NetworkFactory = Callable[[DafkaSettings], Network]
+
+
+class DafkaEngine(Engine):
+    def __init__(
+        self,
+        stats: Stats,
+        settings: DafkaSettings,
+        *,
+        consume_batch: int = 500,
+        stop_flush_timeout: float = 5.0,
+        network: Network | None = None,
+    ) -> None:
+        super().__init__(stats)
+        self.settings = settings
+        self.consume_batch = consume_batch
+        self._stop_flush_timeout = stop_flush_timeout
+        self._network = network if network is not None else JoinedNetwork(settings)
+        self.partition_map = PartitionMap()
+        self._partitioner = make_partitioner(settings.partitioner)
+        self.offsets = CommitLog()
+        self.stopped = False
+        self._started = False
+        self._observer: Observer | None = None
+        self._writers: dict[tuple[str, int], PartitionWriter] = {}
+        self._groups: dict[str, Group] = {}
+        self._members: set[Member] = set()
+        self._progress: asyncio.Future[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._commit_lock: asyncio.Lock | None = None
+
+    # --- life cycle ----------------------------------------------------------------------
+
+    @property
+    def dafka_config(self) -> DafkaConfig:
+        return self._network.config
+
+    @property
+    def observer(self) -> Observer:
+        if self._observer is None:
+            raise EngineError("Dafka engine not started")
+        return self._observer
+
+    def consumer_config(self) -> DafkaConfig:
+        config = self.dafka_config.copy()
+        config.set("consumer/offset/reset", "earliest")
+        return config
+
+    async def start(self) -> None:
+        settings = self.settings
+        self._commit_lock = asyncio.Lock()
+        await self._network.start()
+        try:
+            self._observer = await asyncio.to_thread(Observer, self.dafka_config)
+            await asyncio.to_thread(
+                self._observer.wait_settled, self._network.stores, settings.start_timeout
+            )
+            heads = {
+                address: head
+                for address, head in self._observer.heads(OFFSETS_TOPIC).items()
+                if self._observer.stored_head(OFFSETS_TOPIC, address) is not None
+            }
+            await asyncio.to_thread(
+                self.offsets.load, self.dafka_config, heads, settings.start_timeout
+            )
+        except (NotSettled, EngineError, OSError, ValueError) as error:
+            await self._stop_started()
+            raise EngineError(f"cannot join the Dafka network: {error}") from None
+        except BaseException:
+            await self._stop_started()
+            raise
+        self._started = True
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(self._commit_every(settings.commit_interval)))
+        self._tasks.append(loop.create_task(self._snapshot_every(settings.snapshot_interval)))
+        log.info(
+            "Dafka engine started",
+            mode="joined" if settings.joined else "embedded",
+            stores=self._observer.stores,
+            committed_offsets=len(self.offsets.all()),
+        )
+
+    async def stop(self) -> None:
+        if self.stopped:
+            return
+        self.stopped = True
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await asyncio.gather(*(member.close() for member in list(self._members)))
+        with contextlib.suppress(EngineError):
+            await self.commit_now()
+        await self._stop_started()
+
+    async def _stop_started(self) -> None:
+        writers = list(self._writers.values())
+        self._writers.clear()
+        timeout = self._stop_flush_timeout
+        for writer in writers:
+            with contextlib.suppress(Exception):
+                await writer.ready
+        left = await asyncio.gather(*(asyncio.to_thread(w.close, timeout) for w in writers))
+        if any(left):
+            log.warning("records not acknowledged by any store at stop", records=sum(left))
+        for group in list(self._groups.values()):
+            await group.close()
+        if self._observer is not None:
+            await asyncio.to_thread(self._observer.close)
+        await self._network.stop()
+
+    # --- producing -----------------------------------------------------------------------
+
+    def producer(self, session_id: str) -> ProducerHandle:
+        return ProducerHandle(self, session_id)
+
+    def writer_for(self, topic: str, key: bytes | None) -> PartitionWriter:
+        count = self.settings.partition_count(topic)
+        number = self.settings.node * count + self._partitioner(key, count)
+        return self.writer(topic, number)
+
+    def writer(self, topic: str, number: int) -> PartitionWriter:
+        writer = self._writers.get((topic, number))
+        if writer is None:
+            writer = self._writers[(topic, number)] = PartitionWriter(self, topic, number)
+        return writer
+
+    def progress(self) -> None:
+        """Something was acknowledged (or failed): wake every flush waiting."""
+        waiter, self._progress = self._progress, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def wait_progress(self, timeout: float) -> None:
+        if self._progress is None:
+            self._progress = asyncio.get_running_loop().create_future()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await asyncio.shield(self._progress)
+
+    # --- consuming -----------------------------------------------------------------------
+
+    async def consumer(
+        self,
+        group: str,
+        name: str,
+        topics: Sequence[str],
+        settings: Mapping[str, object],
+    ) -> Member:
+        if self.stopped or not self._started:
+            raise ConsumerCreationError(STOPPED)
+        reset = self._reset(settings)
+        state = self._groups.get(group)
+        if state is None:
+            state = self._groups[group] = Group(self, group)
+        member = Member(self, state, name, topics, reset)
+        try:
+            await state.join(member)
+        except Exception as error:
+            raise ConsumerCreationError(str(error)) from None
+        if self.stopped:
+            await member.close()
+            raise ConsumerCreationError(STOPPED)
+        self._members.add(member)
+        member.on_closed = self._members.discard
+        return member
+
+    def _reset(self, settings: Mapping[str, object]) -> str:
+        raw = settings.get("auto.offset.reset", self.settings.auto_offset_reset)
+        reset = RESETS.get(str(raw))
+        if reset is None:
+            known = ", ".join(sorted(RESETS))
+            raise ConsumerCreationError(
+                f'Invalid value "{raw}" for configuration property "auto.offset.reset" '
+                f"(one of {known})"
+            )
+        return reset
+
+    def forget_group(self, group: Group) -> None:
+        if self._groups.get(group.name) is group:
+            del self._groups[group.name]
+
+    # --- commits ---------------------------------------------------------------------------
+
+    async def commit_now(self) -> None:
+        """Write every ack not yet committed as one record and wait until a store has it."""
+        entries = [
+            (group.name, topic, partition, offset)
+            for group in list(self._groups.values())
+            for topic, partition, offset in group.pending_commits()
+        ]
+        if entries:
+            await self._write_commits(entries)
+
+    async def _write_commits(self, entries: list[tuple[str, str, int, int]]) -> None:
+        writer = self.writer(OFFSETS_TOPIC, self.settings.node)
+        try:
+            position = writer.submit([self.offsets.encode(entries)])
+        except EngineError as error:
+            self.stats.incr(Stats.COMMIT_ERRORS, len(entries))
+            log.warning("offset commit failed", error=str(error))
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.start_timeout
+        while writer.acked < position and writer.failed is None:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                break
+            await self.wait_progress(remaining)
+        if writer.acked >= position:
+            self.stats.incr(Stats.COMMITTED, len(entries))
+        else:
+            self.stats.incr(Stats.COMMIT_ERRORS, len(entries))
+            log.warning("offset commit not acknowledged by a store in time", entries=len(entries))
+
+    async def _commit_every(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.commit_now()
+            except Exception:
+                log.exception("periodic commit failed")
+
+    async def _snapshot_every(self, interval: float) -> None:
+        while True:
+            entries = self.offsets.all()
+            if entries:
+                await self._write_commits(entries)
+            await asyncio.sleep(interval)
+
+    # --- metadata --------------------------------------------------------------------------
+
+    async def topics(self) -> list[str]:
+        if not self._started or self.stopped:
+            raise MetadataError(STOPPED)
+        try:
+            await asyncio.to_thread(
+                self.observer.refresh, self._network.stores, self.settings.start_timeout
+            )
+        except NotSettled as error:
+            raise MetadataError(str(error)) from None
+        return sorted(t for t in self.observer.topics() if t != OFFSETS_TOPIC)
+
+
+def check_partitions(value: int) -> int:
+    if not 1 <= value <= MAX_PARTITIONS // 1024:
+        raise ValueError(f"partitions must be 1..{MAX_PARTITIONS // 1024}, got {value}")
+    return value

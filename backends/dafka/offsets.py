@@ -1,0 +1,92 @@
+"""Committed offsets, kept on the Dafka network as records of an internal topic.
+
+Why a topic: the stores already keep records durably (fsync before ACK), replicate them
+between each other and serve them after any restart; a commit that is a record survives a
+gateway's crash, its host's loss and one store's loss like the data it describes, and C
+peers ignore it (they never subscribe to it). The gateway writes commits to its own
+partition of `__rafka_offsets` (number = `dafka.node`), one record per commit round:
+a JSON list of `[group, topic, partition, next_offset, unix_ms]`. At start it reads every
+partition of the topic up to the heads the stores report and keeps, per
+(group, topic, partition), the entry with the latest time.
+
+Growth: one record per commit round with acks (at most one per `dafka.commit_interval`)
+plus a snapshot of every offset at start; give the topic a retention on the stores
+(the embedded store keeps it 7 days) so that it stays small: a snapshot is written at
+every start and every `dafka.snapshot_interval`, well inside the retention.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable
+
+import structlog
+
+from backends.base import ConsumerCreationError
+from backends.dafka.config import Config
+from backends.dafka.consumer import Consumer as DafkaConsumer
+
+log = structlog.get_logger(__name__)
+
+OFFSETS_TOPIC = "__rafka_offsets"
+
+Entry = tuple[str, str, int, int]  # group, topic, partition, next offset
+
+
+class CommitLog:
+    def __init__(self) -> None:
+        # (group, topic, partition) -> (next offset, unix ms)
+        self._offsets: dict[tuple[str, str, int], tuple[int, int]] = {}
+
+    def committed(self, group: str, topic: str) -> dict[int, int]:
+        return {p: o for (g, t, p), (o, _) in self._offsets.items() if g == group and t == topic}
+
+    def all(self) -> list[Entry]:
+        return [(g, t, p, o) for (g, t, p), (o, _) in self._offsets.items()]
+
+    def encode(self, entries: Iterable[Entry]) -> bytes:
+        """One commit record; applies the entries here too."""
+        now = int(time.time() * 1000)
+        rows = []
+        for group, topic, partition, offset in entries:
+            self._offsets[(group, topic, partition)] = (offset, now)
+            rows.append([group, topic, partition, offset, now])
+        return json.dumps(rows, separators=(",", ":")).encode()
+
+    def apply(self, content: bytes) -> None:
+        try:
+            rows = json.loads(content)
+            for group, topic, partition, offset, when in rows:
+                key = (str(group), str(topic), int(partition))
+                known = self._offsets.get(key)
+                if known is None or int(when) >= known[1]:
+                    self._offsets[key] = (int(offset), int(when))
+        except (ValueError, TypeError) as error:
+            log.error("unreadable commit record skipped", error=str(error))
+
+    def load(self, config: Config, heads: dict[str, int], timeout: float) -> None:
+        """Blocking: read every partition of the offsets topic up to `heads`."""
+        if not heads:
+            return
+        earliest = Config(dict(config.items()) | {"consumer/offset/reset": "earliest"})
+        consumer = DafkaConsumer(earliest)
+        try:
+            consumer.subscribe(OFFSETS_TOPIC)
+            left = dict(heads)
+            deadline = time.monotonic() + timeout
+            while left:
+                remaining = deadline - time.monotonic()
+                record = consumer.get(max(0.0, remaining)) if remaining > 0 else None
+                if record is None:
+                    raise ConsumerCreationError(
+                        f"committed offsets not read within {timeout:g} s "
+                        f"({len(left)} partition(s) of {OFFSETS_TOPIC} incomplete)"
+                    )
+                self.apply(record.content)
+                head = left.get(record.partition)
+                if head is not None and record.sequence >= head:
+                    del left[record.partition]
+        finally:
+            consumer.close()
+        log.info("committed offsets loaded", entries=len(self._offsets))

@@ -1,0 +1,195 @@
+"""The gateway's producing side on Dafka: one partition writer per (topic, number), shared
+by every session, with per-session durability accounting for DUMP.
+
+A writer is a Dafka producer with the partition's stable address (`partitions.py`) that
+starts at the stores' head + 1, so a restarted gateway never reuses an offset. Creating
+one takes a thread hop (the actor waits for the tower), so records produced meanwhile wait
+in the writer, in order, and are counted as outstanding like every other record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import structlog
+
+from backends.base import ProduceError, Producer, Stats
+from backends.dafka.partitions import own_address
+from backends.dafka.producer import Producer as DafkaProducer
+from backends.dafka.producer import check_topic
+
+if TYPE_CHECKING:
+    from backends.dafka.engine import DafkaEngine
+
+log = structlog.get_logger(__name__)
+
+QUEUE_FULL = "Local: Queue full"
+INVALID_TOPIC = "Broker: Invalid topic"
+STOPPED = "Engine stopped"
+
+
+class PartitionWriter:
+    """Positions count this writer's records in this run: 0, 1, ... in produce order."""
+
+    def __init__(self, engine: DafkaEngine, topic: str, number: int) -> None:
+        self.topic = topic
+        self.number = number
+        self.address = own_address(topic, number)
+        self._engine = engine
+        self._loop = asyncio.get_running_loop()
+        self._producer: DafkaProducer | None = None
+        self._first_sequence = 0
+        self._waiting: list[bytes] = []  # produced before the actor existed
+        self.submitted = 0
+        self.acked = 0
+        self.failed: str | None = None
+        self.ready: asyncio.Task[None] = self._loop.create_task(self._start())
+
+    def submit(self, values: Sequence[bytes]) -> int:
+        """Queue `values`; returns the position after the last one."""
+        if self.failed is not None:
+            raise ProduceError(self.failed)
+        limit = self._engine.settings.queue_max_messages
+        if self.submitted - self.acked + len(values) > limit:
+            raise ProduceError(QUEUE_FULL)
+        producer = self._producer
+        if producer is None:
+            self._waiting.extend(values)
+        else:
+            publish = producer.publish
+            for value in values:
+                publish(value)
+        self.submitted += len(values)
+        return self.submitted
+
+    async def _start(self) -> None:
+        engine = self._engine
+        try:
+            self._producer = await asyncio.to_thread(self._open)
+        except Exception as error:
+            self.failed = f"Local: Transport failure: {error}"
+            log.error("cannot start partition writer", topic=self.topic, error=str(error))
+            engine.progress()
+            return
+        waiting, self._waiting = self._waiting, []
+        publish = self._producer.publish
+        for value in waiting:
+            publish(value)
+
+    def _open(self) -> DafkaProducer:
+        engine = self._engine
+        head = engine.observer.stored_head(self.topic, self.address)
+        published = engine.observer.heads(self.topic).get(self.address, -1)
+        if head is None:
+            head = -1
+        if published > head:
+            log.warning(
+                "partition has published records no store holds; another gateway with the "
+                "same dafka.node, or records lost in a crash",
+                topic=self.topic,
+                partition=self.number,
+                stored=head,
+                published=published,
+            )
+        self._first_sequence = head + 1
+        return DafkaProducer(
+            engine.dafka_config,
+            self.topic,
+            address=self.address,
+            first_sequence=head + 1,
+            on_ack=self._on_ack_thread,
+        )
+
+    def _on_ack_thread(self, last_acked: int) -> None:
+        self._loop.call_soon_threadsafe(self._on_ack, last_acked)
+
+    def _on_ack(self, last_acked: int) -> None:
+        acked = last_acked - self._first_sequence + 1
+        if acked > self.acked:
+            self._engine.stats.incr(Stats.DELIVERED, acked - self.acked)
+            self.acked = acked
+            self._engine.progress()
+
+    def close(self, timeout: float) -> int:
+        """Blocking: flush up to `timeout` and stop the actor; returns records left."""
+        producer, self._producer = self._producer, None
+        if producer is None:
+            return len(self._waiting)
+        return producer.close(timeout)
+
+
+class ProducerHandle(Producer):
+    """One session's view: which positions of which writers are its own."""
+
+    def __init__(self, engine: DafkaEngine, session_id: str) -> None:
+        self._engine = engine
+        self._session_id = session_id
+        # writer -> ranges [start, end) of positions this session produced, in order.
+        self._ranges: dict[PartitionWriter, collections.deque[list[int]]] = {}
+        self._closed = False
+
+    def produce(self, topic: str, key: bytes | None, value: bytes) -> None:
+        self.produce_many(topic, key, (value,))
+
+    def produce_many(self, topic: str, key: bytes | None, values: Sequence[bytes]) -> int:
+        if self._closed or self._engine.stopped:
+            raise ProduceError(STOPPED)
+        if not values:
+            return 0
+        try:
+            check_topic(topic)
+        except ValueError:
+            raise ProduceError(INVALID_TOPIC) from None
+        writer = self._engine.writer_for(topic, key)
+        end = writer.submit(values)
+        start = end - len(values)
+        ranges = self._ranges.get(writer)
+        if ranges is None:
+            ranges = self._ranges[writer] = collections.deque()
+        if ranges and ranges[-1][1] == start:
+            ranges[-1][1] = end
+        else:
+            ranges.append([start, end])
+        self._engine.stats.incr(Stats.PRODUCED, len(values))
+        return len(values)
+
+    def outstanding(self) -> int:
+        left = 0
+        for writer, ranges in list(self._ranges.items()):
+            acked = writer.acked
+            while ranges and ranges[0][1] <= acked:
+                ranges.popleft()
+            if not ranges:
+                del self._ranges[writer]
+                continue
+            if writer.failed is not None:
+                left += sum(end - start for start, end in ranges)
+                continue
+            left += sum(end - max(start, acked) for start, end in ranges)
+        return left
+
+    async def flush(self, timeout: float) -> int:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(0.0, timeout)
+        while True:
+            left = self.outstanding()
+            remaining = deadline - loop.time()
+            if left == 0 or remaining <= 0 or self._only_failed():
+                return left
+            await self._engine.wait_progress(remaining)
+
+    def _only_failed(self) -> bool:
+        return all(writer.failed is not None for writer in self._ranges)
+
+    async def close(self, timeout: float) -> int:
+        if self._closed:
+            return 0
+        left = await self.flush(timeout)
+        self._closed = True
+        self._ranges.clear()
+        if left:
+            self._engine.stats.incr(Stats.UNFLUSHED, left)
+        return left

@@ -1,0 +1,174 @@
+"""The Dafka engine behind the gateway's interface, on a real tower and store (in-process
+actors over loopback): stable partitions, DUMP, groups, commits that survive a restart."""
+
+from __future__ import annotations
+
+import asyncio
+import zlib
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+import zmq
+
+from backends.base import AckError, Record, Stats
+from backends.dafka.config import Config
+from backends.dafka.engine import DafkaEngine, DafkaSettings
+from backends.dafka.groups import Member
+from backends.dafka.partitions import foreign_number, own_address
+from backends.dafka.producer import Producer as DafkaProducer
+from backends.dafka.store import Store
+from backends.dafka.tower import Tower
+
+WAIT = 10.0
+
+
+@pytest.fixture
+def network(dafka_config: Config, tower: Tower) -> Iterator[Config]:
+    store = Store(dafka_config, zmq.Context.instance())
+    try:
+        yield dafka_config
+    finally:
+        store.close()
+
+
+def settings_for(config: Config, **overrides: object) -> DafkaSettings:
+    values = dict(config.items())
+    base: dict[str, object] = {
+        "tower_sub_address": values["beacon/sub_address"],
+        "tower_pub_address": values["beacon/pub_address"],
+        "settings": values,
+        "commit_interval": 0.1,
+        "partitions": 2,
+    }
+    return DafkaSettings(**(base | overrides))  # type: ignore[arg-type]
+
+
+@asynccontextmanager
+async def engine_on(config: Config, **overrides: object) -> AsyncIterator[DafkaEngine]:
+    engine = DafkaEngine(Stats(), settings_for(config, **overrides), consume_batch=50)
+    await engine.start()
+    try:
+        yield engine
+    finally:
+        await engine.stop()
+
+
+async def take(member: Member, count: int, ack: bool = True) -> list[Record]:
+    records: list[Record] = []
+    while len(records) < count:
+        record = await member.next(WAIT)
+        assert record is not None, f"only {len(records)} of {count} records within {WAIT} s"
+        records.append(record)
+        if ack:
+            member.ack(record.topic, record.partition, record.offset)
+    return records
+
+
+def run(coroutine: object) -> None:
+    asyncio.run(asyncio.wait_for(coroutine, 60))  # type: ignore[arg-type]
+
+
+def test_dump_waits_for_the_store_and_keys_pick_one_partition(network: Config) -> None:
+    async def body() -> None:
+        async with engine_on(network) as engine:
+            producer = engine.producer("s1")
+            producer.produce_many("t", b"k1", [b"a", b"b", b"c"])
+            producer.produce("t", None, b"d")
+            assert producer.outstanding() == 4
+            assert await producer.flush(WAIT) == 0
+            assert engine.stats.get(Stats.DELIVERED) == 4
+            member = await engine.consumer("g", "c1", ["t"], {})
+            records = await take(member, 4)
+            keyed = [r for r in records if r.value in (b"a", b"b", b"c")]
+            assert {r.partition for r in keyed} == {zlib.crc32(b"k1") % 2}
+            assert [r.value for r in keyed] == [b"a", b"b", b"c"]
+            assert [r.offset for r in keyed] == [0, 1, 2]
+            await member.close()
+
+    run(body())
+
+
+def test_restart_resumes_offsets_and_commits(network: Config) -> None:
+    async def body() -> None:
+        async with engine_on(network) as engine:
+            producer = engine.producer("s1")
+            producer.produce_many("t", b"k", [b"1", b"2", b"3"])
+            assert await producer.flush(WAIT) == 0
+            member = await engine.consumer("g", "c1", ["t"], {})
+            first = await take(member, 2)
+            await member.close()
+        async with engine_on(network) as engine:
+            producer = engine.producer("s2")
+            producer.produce_many("t", b"k", [b"4"])
+            assert await producer.flush(WAIT) == 0
+            member = await engine.consumer("g", "c2", ["t"], {})
+            rest = await take(member, 2)
+            assert [r.value for r in rest] == [b"3", b"4"], "resumed after the last commit"
+            assert rest[-1].offset == first[-1].offset + 2, "offsets continue, none reused"
+            await member.close()
+
+    run(body())
+
+
+def test_rebalance_redelivers_unacked_records(network: Config) -> None:
+    async def body() -> None:
+        async with engine_on(network, partitions=1) as engine:
+            producer = engine.producer("s1")
+            producer.produce_many("t", None, [b"%d" % i for i in range(5)])
+            assert await producer.flush(WAIT) == 0
+            first = await engine.consumer("g", "c1", ["t"], {})
+            second = await engine.consumer("g", "c2", ["t"], {})
+            got = await take(first, 1)  # acked
+            await take(first, 2, ack=False)  # handed out, never acked
+            assert await second.next(0.2) is None, "one partition: the second member idles"
+            await first.close()
+            again = await take(second, 4)
+            assert [r.value for r in again] == [b"1", b"2", b"3", b"4"]
+            assert got[0].value == b"0"
+            with pytest.raises(AckError, match="Erroneous state"):
+                second.ack("t", 7, 0)
+            await second.close()
+
+    run(body())
+
+
+def test_latest_skips_what_was_there(network: Config) -> None:
+    async def body() -> None:
+        async with engine_on(network, partitions=1) as engine:
+            producer = engine.producer("s1")
+            producer.produce_many("t", None, [b"old"])
+            assert await producer.flush(WAIT) == 0
+            member = await engine.consumer("g", "c", ["t"], {"auto.offset.reset": "latest"})
+            assert await member.next(0.3) is None
+            producer.produce("t", None, b"new")
+            [record] = await take(member, 1)
+            assert record.value == b"new"
+            await member.close()
+
+    run(body())
+
+
+def test_foreign_producer_records_are_consumable(network: Config) -> None:
+    async def body() -> None:
+        async with engine_on(network) as engine:
+            foreign = await asyncio.to_thread(DafkaProducer, network, "t")
+            try:
+                foreign.publish(b"x")
+                member = await engine.consumer("g", "c", ["t"], {})
+                [record] = await take(member, 1)
+                assert record.partition == foreign_number(foreign.address)
+                assert record.value == b"x"
+                assert await engine.topics() == ["t"]
+                await member.close()
+            finally:
+                await asyncio.to_thread(foreign.close, 1.0)
+
+    run(body())
+
+
+def test_own_addresses_are_stable() -> None:
+    assert own_address("t", 3) == own_address("t", 3)
+    assert own_address("t", 3) != own_address("u", 3)
+    assert len(own_address("t", 3)) == 32
