@@ -7,7 +7,6 @@ import asyncio
 import zlib
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 
 import pytest
 import zmq
