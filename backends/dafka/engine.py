@@ -133,7 +133,8 @@ class DafkaEngine(Engine):
         self._members: set[Member] = set()
         self._progress: asyncio.Future[None] | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self._commit_lock: asyncio.Lock | None = None
+        # How long the stores' answers to one request may take to arrive in full.
+        self.settle = 0.1
 
     # --- life cycle ----------------------------------------------------------------------
 
@@ -154,10 +155,11 @@ class DafkaEngine(Engine):
 
     async def start(self) -> None:
         settings = self.settings
-        self._commit_lock = asyncio.Lock()
         await self._network.start()
         try:
-            self._observer = await asyncio.to_thread(Observer, self.dafka_config)
+            self._observer = await asyncio.to_thread(
+                Observer, self.dafka_config, settle=self.settle
+            )
             await asyncio.to_thread(
                 self._observer.wait_settled, self._network.stores, settings.start_timeout
             )

@@ -9,11 +9,11 @@ one member at a time:
 - A partition whose owner changes restarts from the group's acked position, so what the
   old owner was handed and did not ack is delivered again (at least once). The old owner's
   later acks of that partition are refused, as librdkafka refuses them after a revoke.
-- Each partition buffers at most `buffer` records ahead of its owner. Records beyond are
-  dropped and fetched again from the stores (a seek) once the owner has taken half.
+- Each partition has at most `buffer` records (gateway.consume_batch) on their way to its
+  owner: the group's reader (`reader.py`) only fetches what there is room for.
 - A partition starts at the group's committed offset; without one, at `auto.offset.reset`:
   earliest (the oldest record the stores keep) or latest (after the head known when the
-  group first saw the partition).
+  member joined); partitions found later start at their beginning.
 """
 
 from __future__ import annotations
@@ -28,8 +28,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from backends.base import AckError, ConsumeError, Consumer, Record, Stats
-from backends.dafka.consumer import Consumer as DafkaConsumer
-from backends.dafka.consumer import DafkaRecord
+from backends.dafka.reader import Event, Reader
 
 if TYPE_CHECKING:
     from backends.dafka.engine import DafkaEngine
@@ -46,13 +45,13 @@ class _Partition:
         "acked",
         "address",
         "buffer",
+        "credit",
         "dirty",
         "expected",
+        "generation",
         "number",
         "owner",
-        "paused",
         "position",
-        "seeking",
         "started",
         "topic",
     )
@@ -62,21 +61,14 @@ class _Partition:
         self.address = address
         self.number = number
         self.owner: Member | None = None
-        self.started = False  # position known (a commit, a seek, or the first record)
+        self.started = False  # positioned (a commit, a reset, or a rewind)
         self.position = 0  # next offset to hand out
         self.acked = 0  # next offset after the last ack (what a new owner starts from)
-        self.expected = 0  # next sequence taken from the actor
+        self.expected = 0  # next offset the reader delivers
         self.buffer: collections.deque[Record] = collections.deque()
-        self.paused = False  # records past the buffer were dropped: seek when there is room
-        self.seeking: int | None = None  # a seek to this offset was asked for
+        self.credit = 0  # records the reader may still deliver without a new grant
+        self.generation = 0  # bumped by every (re)start: older records are stale
         self.dirty = False  # acked moved since the last commit
-
-    def start_at(self, offset: int) -> None:
-        self.started = True
-        self.position = self.acked = self.expected = offset
-        self.buffer.clear()
-        self.paused = False
-        self.seeking = None
 
 
 class Group:
@@ -87,59 +79,65 @@ class Group:
         self.parts: dict[tuple[str, str], _Partition] = {}
         self.by_number: dict[tuple[str, int], _Partition] = {}
         self.topics: set[str] = set()
-        self._actor: DafkaConsumer | None = None
+        self._reader: Reader | None = None
         self._loop = asyncio.get_running_loop()
-        self._inbox: list[DafkaRecord] = []
+        self._inbox: list[Event] = []
         self._inbox_lock = threading.Lock()
         self._buffer = max(2, engine.consume_batch)
-        self._seeks: set[asyncio.Task[None]] = set()
+        # Until then, partitions the reader finds start past their head for a `latest`
+        # group: the stores' answers to the join's GET_HEADS (existing partitions).
+        self._latest_until = 0.0
 
     # --- membership ------------------------------------------------------------------
 
     async def join(self, member: Member) -> None:
-        new_topics = [t for t in member.topics if t not in self.topics]
-        if self._actor is None:
-            self._actor = await asyncio.to_thread(
-                DafkaConsumer, self.engine.consumer_config(), None, self._sink_thread
+        if self._reader is None:
+            self._reader = await asyncio.to_thread(
+                Reader, self.engine.dafka_config, self._sink_thread
             )
-        for topic in new_topics:
+        if member.reset == "latest":
+            self._latest_until = self._loop.time() + self.engine.settle
+        for topic in member.topics:
+            if topic in self.topics:
+                continue
             self.topics.add(topic)
-            await asyncio.to_thread(self._seek_all, topic, self._starts(topic, member.reset))
-            await asyncio.to_thread(self._actor.subscribe, topic)
+            self._start_known(topic, member.reset)
+            self._reader.subscribe(topic)
         self.members.append(member)
         self._rebalance()
 
-    def _starts(self, topic: str, reset: str) -> list[tuple[str, int]]:
-        """Where the partitions the network already has start for this group: at the
-        group's commit, or past the head for `latest` (the others: earliest)."""
+    def _start_known(self, topic: str, reset: str) -> None:
+        """Position the partitions the network already has: at the group's commit, or
+        past the head for `latest`; the rest start when found (at 0: earliest)."""
         committed = self.engine.offsets.committed(self.name, topic)
         heads = self.engine.observer.heads(topic)
         numbers = self.engine.partition_map
-        starts: list[tuple[str, int]] = []
         for address, head in heads.items():
-            start = committed.get(numbers.number(topic, address))
+            part = self._part(topic, address)
+            if part is None or part.started:
+                continue
+            start = committed.get(part.number)
             if start is None and reset == "latest":
                 start = head + 1
             if start is not None:
-                starts.append((address, start))
+                self._start(part, start)
         # Partitions only known by a commit (the stores have not answered yet).
         for number, offset in committed.items():
             known = numbers.address(topic, number)
             if known is not None and known not in heads:
-                starts.append((known, offset))
-        for address, offset in starts:
-            self._start_part(topic, address, offset)
-        return starts
+                part = self._part(topic, known)
+                if part is not None and not part.started:
+                    self._start(part, offset)
 
-    def _seek_all(self, topic: str, starts: list[tuple[str, int]]) -> None:
-        assert self._actor is not None
-        for address, offset in starts:
-            self._actor.seek(topic, address, offset)
-
-    def _start_part(self, topic: str, address: str, offset: int) -> None:
-        part = self._part(topic, address)
-        if part is not None and not part.started:
-            part.start_at(offset)
+    def _start(self, part: _Partition, offset: int) -> None:
+        """(Re)position `part` at `offset`: everything buffered or on its way is dropped."""
+        part.started = True
+        part.position = part.acked = part.expected = offset
+        part.buffer.clear()
+        part.generation += 1
+        part.credit = self._buffer
+        if self._reader is not None:
+            self._reader.start(part.topic, part.address, offset, part.credit, part.generation)
 
     async def leave(self, member: Member) -> None:
         if member in self.members:
@@ -150,11 +148,9 @@ class Group:
 
     async def close(self) -> None:
         self.engine.forget_group(self)
-        actor, self._actor = self._actor, None
-        if actor is not None:
-            await asyncio.to_thread(actor.close)
-        for task in list(self._seeks):
-            task.cancel()
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            await asyncio.to_thread(reader.close)
 
     def _rebalance(self) -> None:
         members_of: dict[str, list[Member]] = {}
@@ -182,26 +178,14 @@ class Group:
             owner.owned.add(part)
         if part.started and part.position > part.acked:
             # Handed out and not acked: the new owner gets them again.
-            redelivered = part.position - part.acked
-            part.position = part.expected = part.acked
-            part.buffer.clear()
-            self._seek(part)
             log.info(
                 "partition reassigned, unacked records delivered again",
                 group=self.name,
                 topic=part.topic,
                 partition=part.number,
-                records=redelivered,
+                records=part.position - part.acked,
             )
-
-    # --- records from the actor ---------------------------------------------------------
-
-    def _sink_thread(self, record: DafkaRecord) -> None:
-        with self._inbox_lock:
-            first = not self._inbox
-            self._inbox.append(record)
-        if first:
-            self._loop.call_soon_threadsafe(self._drain_inbox)
+            self._start(part, part.acked)
 
     def _part(self, topic: str, address: str) -> _Partition | None:
         part = self.parts.get((topic, address))
@@ -215,53 +199,47 @@ class Group:
             self._rebalance()
         return part
 
+    # --- events from the reader -------------------------------------------------------
+
+    def _sink_thread(self, events: list[Event]) -> None:
+        with self._inbox_lock:
+            first = not self._inbox
+            self._inbox.extend(events)
+        if first:
+            self._loop.call_soon_threadsafe(self._drain_inbox)
+
     def _drain_inbox(self) -> None:
         with self._inbox_lock:
-            records, self._inbox = self._inbox, []
+            events, self._inbox = self._inbox, []
         woken: set[Member] = set()
-        limit = self._buffer
-        for rec in records:
-            part = self._part(rec.subject, rec.partition)
-            if part is None:
+        for event in events:
+            part = self._part(event[1], event[2])
+            if part is None or event[1] not in self.topics:
                 continue
-            if not part.started:
-                part.start_at(rec.sequence)
-            seq = rec.sequence
+            if event[0] == "head":
+                if not part.started:
+                    committed = self.engine.offsets.committed(self.name, part.topic)
+                    start = committed.get(part.number)
+                    if start is None:
+                        latest = self._loop.time() < self._latest_until
+                        start = event[3] + 1 if latest else 0
+                    self._start(part, start)
+                continue
+            _, _, _, seq, content, generation = event
+            if generation != part.generation:
+                continue  # delivered before a rewind
+            part.credit -= 1
             if seq != part.expected:
-                if seq > part.expected and part.seeking != part.expected:
-                    # Ahead of us: records we dropped, or the stream before a rewind.
-                    if len(part.buffer) <= limit // 2:
-                        self._seek(part)
-                    else:
-                        part.paused = True
-                continue
-            if len(part.buffer) >= limit:
-                part.paused = True
-                continue
-            part.buffer.append(Record(part.topic, part.number, seq, None, rec.content, None))
+                if not (part.expected == part.position == part.acked and seq > part.expected):
+                    continue
+                # The stores' oldest record: retention took the ones before.
+                part.position = part.acked = seq
+            part.buffer.append(Record(part.topic, part.number, seq, None, content, None))
             part.expected = seq + 1
             if part.owner is not None:
                 woken.add(part.owner)
         for member in woken:
             member.wake()
-
-    def _seek(self, part: _Partition) -> None:
-        """Have the actor deliver `part` again from `part.expected` (it FETCHes it)."""
-        part.paused = False
-        part.seeking = part.expected
-        actor = self._actor
-        if actor is None:
-            return
-        task = self._loop.create_task(
-            asyncio.to_thread(actor.seek, part.topic, part.address, part.expected)
-        )
-        self._seeks.add(task)
-        task.add_done_callback(self._seek_done)
-
-    def _seek_done(self, task: asyncio.Task[None]) -> None:
-        self._seeks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.warning("seek failed", group=self.name, error=str(task.exception()))
 
     # --- members' side ------------------------------------------------------------------
 
@@ -270,8 +248,10 @@ class Group:
             if part.buffer:
                 record = part.buffer.popleft()
                 part.position = record.offset + 1
-                if part.paused and len(part.buffer) <= self._buffer // 2:
-                    self._seek(part)
+                room = self._buffer - len(part.buffer) - part.credit
+                if room >= self._buffer // 2 and self._reader is not None:
+                    part.credit += room
+                    self._reader.grant(part.topic, part.address, room)
                 return record
         return None
 

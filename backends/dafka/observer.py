@@ -115,6 +115,13 @@ class Observer:
                 self._pipe.send(b"R", zmq.NOBLOCK)
         self.wait_settled(min_stores, timeout)
 
+    def note_stored(self, topic: str, address: str, head: int) -> None:
+        """A store acknowledged `head` to a producer of this process: known at once,
+        before any HEAD or DIRECT_HEAD says so."""
+        with self._cond:
+            if head > self._stored.get((topic, address), -1):
+                self._stored[(topic, address)] = head
+
     def stored_head(self, topic: str, address: str) -> int | None:
         with self._cond:
             return self._stored.get((topic, address))

@@ -109,6 +109,7 @@ class PartitionWriter:
     def _on_ack(self, last_acked: int) -> None:
         acked = last_acked - self._first_sequence + 1
         if acked > self.acked:
+            self._engine.observer.note_stored(self.topic, self.address, last_acked)
             self._engine.stats.incr(Stats.DELIVERED, acked - self.acked)
             self.acked = acked
             self._engine.progress()

@@ -46,7 +46,9 @@ def settings_for(config: Config, **overrides: object) -> DafkaSettings:
 
 @asynccontextmanager
 async def engine_on(config: Config, **overrides: object) -> AsyncIterator[DafkaEngine]:
-    engine = DafkaEngine(Stats(), settings_for(config, **overrides), consume_batch=50)
+    engine = DafkaEngine(
+        Stats(), settings_for(config, **overrides), consume_batch=50, stop_flush_timeout=0.5
+    )
     await engine.start()
     try:
         yield engine
@@ -171,3 +173,33 @@ def test_own_addresses_are_stable() -> None:
     assert own_address("t", 3) == own_address("t", 3)
     assert own_address("t", 3) != own_address("u", 3)
     assert len(own_address("t", 3)) == 32
+
+
+def test_a_backlog_larger_than_the_buffer_arrives_whole_and_in_order(network: Config) -> None:
+    async def body() -> None:
+        async with engine_on(network, partitions=1) as engine:  # buffer: 50 records
+            producer = engine.producer("s1")
+            values = [b"%04d" % i for i in range(1200)]
+            producer.produce_many("t", None, values)
+            assert await producer.flush(WAIT) == 0
+            member = await engine.consumer("g", "c", ["t"], {})
+            records = await take(member, len(values))
+            assert [r.value for r in records] == values
+            assert [r.offset for r in records] == list(range(len(values)))
+            await member.close()
+
+    run(body())
+
+
+def test_dump_reports_what_no_store_acknowledged(dafka_config: Config, tower: Tower) -> None:
+    async def body() -> None:
+        store = await asyncio.to_thread(Store, dafka_config, zmq.Context.instance())
+        async with engine_on(dafka_config, min_stores=1) as engine:
+            await asyncio.to_thread(store.close)  # the only store is gone
+            producer = engine.producer("s1")
+            producer.produce_many("t", None, [b"a", b"b"])
+            assert await producer.flush(0.3) == 2, "DUMP must not count unstored records"
+            assert await producer.close(0) == 2
+            assert engine.stats.get(Stats.UNFLUSHED) == 2
+
+    run(body())

@@ -1,0 +1,368 @@
+"""The reader actor: a Dafka consumer that fetches only what its owner has room for.
+
+The plain consumer (`consumer.py`) takes every record of its topics as fast as they come,
+as C does. A gateway must not: a group member may be slow, and whatever it has not taken
+would pile up in memory. The reader keeps, per partition, a position and a *credit* (how
+many records the owner can take now) and asks the stores and producers for exactly that
+much: FETCH(next, min(credit, known head - next + 1)). Live RECORDs are taken directly when
+they are the next one and there is credit (the low-latency path); anything else is
+dropped and fetched when there is room. Nothing is buffered here.
+
+Partitions are found from HEADs, RECORDs, and the stores' DIRECT_HEADs (GET_HEADS on
+subscribe, hello handshake with every store reader). The owner decides where each one
+starts (`start`), and grants credit as it makes room (`grant`). Events reach the owner in
+batches through `sink(events)`, on the actor thread:
+
+- `("head", topic, partition, head)`: a partition's known head moved (first one: found);
+- `("record", topic, partition, sequence, content, generation)`: the next record.
+
+`generation` is the one given to the `start` that positioned the partition, so the owner
+can tell records from before a rewind.
+
+Wire cost: besides the FETCHes it needs, nothing: one GET_HEADS per subscribe and the
+usual hellos, as the plain consumer in earliest mode.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import itertools
+import threading
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+import zmq
+
+from backends.dafka import proto
+from backends.dafka.beacon import Beacon, apply_events, bind_data_socket, new_subscribers, now_ms
+from backends.dafka.config import Config
+from backends.dafka.producer import check_topic
+
+log = structlog.get_logger(__name__)
+
+_instances = itertools.count()
+MAX_FETCH = 10_000  # records asked for in one FETCH
+_BATCH = 100_000
+
+Event = tuple[Any, ...]
+
+
+class _Partition:
+    __slots__ = (
+        "address",
+        "credit",
+        "fetch_end",
+        "fetch_until",
+        "fresh",
+        "generation",
+        "head",
+        "next",
+        "started",
+        "subject",
+    )
+
+    def __init__(self, subject: str, address: str) -> None:
+        self.subject = subject
+        self.address = address
+        self.started = False
+        self.next = 0
+        self.credit = 0
+        self.head = -1
+        self.fresh = False  # may jump to the stores' oldest record (retention)
+        self.generation = 0
+        self.fetch_end = 0  # a FETCH asked for records up to here (exclusive)
+        self.fetch_until = 0  # ms; after this the FETCH counts as lost
+
+
+class Reader:
+    def __init__(
+        self,
+        config: Config,
+        sink: Callable[[list[Event]], None],
+        context: zmq.Context | None = None,
+    ) -> None:
+        self.address = uuid.uuid4().hex.upper()
+        self._config = config
+        self._context = context or zmq.Context.instance()
+        self._sink = sink
+        self._retry = max(10, config.get_int("consumer/fetch_retry_interval", 500))
+        self._lock = threading.Lock()
+        self._commands: collections.deque[tuple[str, tuple[Any, ...]]] = collections.deque()
+        self._closed = False
+        self._pipe_endpoint = f"inproc://dafka-reader-{self.address}-{next(_instances)}"
+        self._pipe = self._context.socket(zmq.PAIR)
+        self._pipe.linger = 0
+        self._pipe.bind(self._pipe_endpoint)
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="dafka-reader", daemon=True)
+        self._thread.start()
+        self._ready.wait()
+        if self._error is not None:
+            self._thread.join()
+            self._pipe.close()
+            self._closed = True
+            raise self._error
+
+    # -- owner side (any thread, never blocks) -------------------------------------------
+
+    def subscribe(self, topic: str) -> None:
+        check_topic(topic)
+        self._command("subscribe", topic)
+
+    def start(
+        self, topic: str, partition: str, next_sequence: int, credit: int, generation: int
+    ) -> None:
+        """Deliver `partition` from `next_sequence` on (0: from the oldest record the stores
+        keep), at most `credit` records until more is granted."""
+        self._command("start", topic, partition, next_sequence, credit, generation)
+
+    def grant(self, topic: str, partition: str, credit: int) -> None:
+        self._command("grant", topic, partition, credit)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            with contextlib.suppress(zmq.Again):
+                self._pipe.send(b"T", zmq.NOBLOCK)
+        self._thread.join()
+        self._pipe.close()
+
+    def _command(self, name: str, *args: Any) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            first = not self._commands
+            self._commands.append((name, args))
+            if first:
+                with contextlib.suppress(zmq.Again):
+                    self._pipe.send(b"C", zmq.NOBLOCK)
+
+    # -- actor --------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        ctx = self._context
+        pipe = ctx.socket(zmq.PAIR)
+        sub = ctx.socket(zmq.SUB)
+        xpub = ctx.socket(zmq.XPUB)
+        beacon: Beacon | None = None
+        for sock in (pipe, sub, xpub):
+            sock.linger = 0
+        try:
+            pipe.connect(self._pipe_endpoint)
+            xpub.setsockopt(zmq.XPUB_VERBOSE, 1)
+            port = bind_data_socket(xpub, self._config)
+            for msg_id in (proto.DIRECT_RECORD, proto.DIRECT_HEAD, proto.STORE_HELLO):
+                sub.setsockopt(zmq.SUBSCRIBE, proto.subscription(msg_id, self.address))
+            beacon = Beacon(self._config, self.address, ctx)
+            beacon.wait_ready()
+            beacon.start(port)
+        except BaseException as error:
+            self._error = error
+            if beacon is not None:
+                beacon.close()
+            for sock in (pipe, sub, xpub):
+                sock.close()
+            self._ready.set()
+            return
+        self._ready.set()
+        try:
+            _Actor(self, sub, xpub).loop(pipe, beacon)
+        except BaseException:
+            log.exception("dafka reader stopped on an error", reader=self.address)
+        finally:
+            beacon.stop()
+            beacon.close()
+            for sock in (pipe, sub, xpub):
+                sock.close()
+
+
+class _Actor:
+    def __init__(self, owner: Reader, sub: zmq.Socket, xpub: zmq.Socket) -> None:
+        self.owner = owner
+        self.uuid = owner.address
+        self.sub = sub
+        self.xpub = xpub
+        self.retry = owner._retry
+        self.subjects: dict[str, None] = {}
+        self.parts: dict[tuple[str, str], _Partition] = {}
+        self.events: list[Event] = []
+        self.fetching: set[_Partition] = set()
+
+    def loop(self, pipe: zmq.Socket, beacon: Beacon) -> None:
+        poller = zmq.Poller()
+        for sock in (pipe, self.sub, self.xpub, beacon.socket):
+            poller.register(sock, zmq.POLLIN)
+        busy = False
+        while True:
+            now = now_ms()
+            deadline = beacon.next_deadline_ms()
+            if self.fetching:
+                deadline = min(deadline, min(p.fetch_until for p in self.fetching))
+            wait = 0 if busy else max(0, min(deadline - now, 1000))
+            events = dict(poller.poll(wait))
+            if pipe in events and self._commands(pipe):
+                return
+            if beacon.socket in events:
+                apply_events(beacon.handle(), self.sub)
+            if self.xpub in events:
+                for reader in new_subscribers(self.xpub, proto.CONSUMER_HELLO):
+                    self._hello(reader)
+            busy = self.sub in events and self._drain()
+            now = now_ms()
+            for part in [p for p in self.fetching if p.fetch_until <= now]:
+                part.fetch_end = 0  # lost or partly answered: ask again
+                self._pump(part, now)
+            apply_events(beacon.tick(now), self.sub)
+            if self.events:
+                batch, self.events = self.events, []
+                self.owner._sink(batch)
+
+    def _commands(self, pipe: zmq.Socket) -> bool:
+        stop = False
+        while True:
+            try:
+                stop = pipe.recv(zmq.NOBLOCK) == b"T" or stop
+            except zmq.Again:
+                break
+        if stop:
+            return True
+        owner = self.owner
+        with owner._lock:
+            commands = list(owner._commands)
+            owner._commands.clear()
+        for name, args in commands:
+            getattr(self, "_cmd_" + name)(*args)
+        return False
+
+    def _cmd_subscribe(self, topic: str) -> None:
+        if topic in self.subjects:
+            return
+        for msg_id in (proto.RECORD, proto.HEAD):
+            self.sub.setsockopt(zmq.SUBSCRIBE, proto.subscription(msg_id, topic) + b"\0")
+        self.subjects[topic] = None
+        self._send(proto.Message(proto.GET_HEADS, topic.encode(), address=self.uuid))
+
+    def _cmd_start(
+        self, topic: str, address: str, next_sequence: int, credit: int, generation: int
+    ) -> None:
+        part = self._part(topic, address)
+        part.started = True
+        part.next = next_sequence
+        part.fresh = next_sequence == 0
+        part.credit = credit
+        part.generation = generation
+        part.fetch_end = 0
+        self._pump(part, now_ms())
+
+    def _cmd_grant(self, topic: str, address: str, credit: int) -> None:
+        part = self._part(topic, address)
+        part.credit += credit
+        self._pump(part, now_ms())
+
+    def _part(self, topic: str, address: str) -> _Partition:
+        part = self.parts.get((topic, address))
+        if part is None:
+            part = self.parts[(topic, address)] = _Partition(topic, address)
+        return part
+
+    # -- incoming -----------------------------------------------------------------------
+
+    def _drain(self) -> bool:
+        recv = self.sub.recv
+        for _ in range(_BATCH):
+            try:
+                frame = recv(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return False
+            frames = [frame.bytes]
+            if frame.more:
+                frames.append(recv())
+            try:
+                msg = proto.decode(frames)
+            except proto.MalformedMessage:
+                continue
+            mid = msg.id
+            if mid == proto.STORE_HELLO:
+                self._hello(msg.address.encode())
+            elif msg.subject not in self.subjects:
+                continue
+            elif mid in (proto.RECORD, proto.DIRECT_RECORD):
+                self._on_record(msg, mid == proto.DIRECT_RECORD)
+            elif mid in (proto.HEAD, proto.DIRECT_HEAD) and msg.sequence >= 0:
+                self._on_head(self._part(msg.subject, msg.address), msg.sequence)
+        return True
+
+    def _on_head(self, part: _Partition, head: int) -> None:
+        if head > part.head:
+            part.head = head
+            self.events.append(("head", part.subject, part.address, head))
+            self._pump(part, now_ms())
+
+    def _on_record(self, msg: proto.Message, direct: bool) -> None:
+        part = self._part(msg.subject, msg.address)
+        seq = msg.sequence
+        if seq > part.head:
+            self._on_head(part, seq)
+        if not part.started or part.credit <= 0:
+            return
+        if seq != part.next:
+            if not (direct and part.fresh and seq > part.next):
+                return
+            part.next = seq  # the stores' oldest record: retention took the ones before
+        part.fresh = False
+        part.next = seq + 1
+        part.credit -= 1
+        self.events.append(
+            ("record", part.subject, part.address, seq, msg.content, part.generation)
+        )
+        if part.next >= part.fetch_end:
+            self.fetching.discard(part)
+            self._pump(part, now_ms())
+
+    # -- outgoing -----------------------------------------------------------------------
+
+    def _pump(self, part: _Partition, now: int) -> None:
+        """FETCH what the owner has room for, unless a FETCH for it is under way."""
+        if not part.started or part.credit <= 0 or part.head < part.next:
+            self.fetching.discard(part)
+            return
+        if part.fetch_end > part.next and part.fetch_until > now:
+            return
+        count = min(part.credit, part.head - part.next + 1, MAX_FETCH)
+        if part.fresh:
+            count = max(count, MAX_FETCH // 10)  # the oldest kept record may be far ahead
+        self._send(
+            proto.Message(
+                proto.FETCH,
+                part.address.encode(),
+                address=self.uuid,
+                subject=part.subject,
+                sequence=part.next,
+                count=count,
+            )
+        )
+        part.fetch_end = part.next + count
+        part.fetch_until = now + self.retry
+        self.fetching.add(part)
+
+    def _hello(self, reader: bytes) -> None:
+        if not reader or b"\0" in reader:
+            return
+        self._send(
+            proto.Message(
+                proto.CONSUMER_HELLO, reader, address=self.uuid, subjects=list(self.subjects)
+            )
+        )
+
+    def _send(self, msg: proto.Message) -> None:
+        try:
+            frames = proto.encode(msg)
+        except proto.MalformedMessage:
+            return
+        self.xpub.send_multipart(frames)
