@@ -32,7 +32,7 @@ from backends.dafka.config import Config as DafkaConfig
 from backends.dafka.groups import Group, Member
 from backends.dafka.observer import NotSettled, Observer
 from backends.dafka.offsets import OFFSETS_TOPIC, CommitLog
-from backends.dafka.partitions import MAX_PARTITIONS, PartitionMap, make_partitioner
+from backends.dafka.partitions import PartitionMap, make_partitioner
 from backends.dafka.producing import PartitionWriter, ProducerHandle
 
 log = structlog.get_logger("rafka.dafka.engine")
@@ -349,9 +349,3 @@ class DafkaEngine(Engine):
         except NotSettled as error:
             raise MetadataError(str(error)) from None
         return sorted(t for t in self.observer.topics() if t != OFFSETS_TOPIC)
-
-
-def check_partitions(value: int) -> int:
-    if not 1 <= value <= MAX_PARTITIONS // 1024:
-        raise ValueError(f"partitions must be 1..{MAX_PARTITIONS // 1024}, got {value}")
-    return value
