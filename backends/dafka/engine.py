@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -34,6 +35,7 @@ from backends.dafka.observer import NotSettled, Observer
 from backends.dafka.offsets import OFFSETS_TOPIC, CommitLog
 from backends.dafka.partitions import PartitionMap, make_partitioner
 from backends.dafka.producing import PartitionWriter, ProducerHandle
+from backends.dafka.reader import Event, Reader
 
 log = structlog.get_logger("rafka.dafka.engine")
 
@@ -130,6 +132,10 @@ class DafkaEngine(Engine):
         self._observer: Observer | None = None
         self._writers: dict[tuple[str, int], PartitionWriter] = {}
         self._groups: dict[str, Group] = {}
+        self._reader: Reader | None = None
+        self._readers_of: dict[str, set[Group]] = {}  # topic -> groups reading it
+        self._inbox: list[Event] = []
+        self._inbox_lock = threading.Lock()
         self._members: set[Member] = set()
         self._progress: asyncio.Future[None] | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -141,6 +147,12 @@ class DafkaEngine(Engine):
     @property
     def dafka_config(self) -> DafkaConfig:
         return self._network.config
+
+    @property
+    def reader(self) -> Reader:
+        if self._reader is None:
+            raise EngineError("Dafka engine not started")
+        return self._reader
 
     @property
     def observer(self) -> Observer:
@@ -155,18 +167,21 @@ class DafkaEngine(Engine):
 
     async def start(self) -> None:
         settings = self.settings
+        self._loop = asyncio.get_running_loop()
         await self._network.start()
         try:
-            self._observer = await asyncio.to_thread(
-                Observer, self.dafka_config, settle=self.settle
+            observer, self._reader = await asyncio.gather(
+                asyncio.to_thread(Observer, self.dafka_config, settle=self.settle),
+                asyncio.to_thread(Reader, self.dafka_config, self._sink_thread),
             )
+            self._observer = observer
             await asyncio.to_thread(
-                self._observer.wait_settled, self._network.stores, settings.start_timeout
+                observer.wait_settled, self._network.stores, settings.start_timeout
             )
             heads = {
-                address: head
-                for address, head in self._observer.heads(OFFSETS_TOPIC).items()
-                if self._observer.stored_head(OFFSETS_TOPIC, address) is not None
+                address: stored
+                for address in observer.heads(OFFSETS_TOPIC)
+                if (stored := observer.stored_head(OFFSETS_TOPIC, address)) is not None
             }
             await asyncio.to_thread(
                 self.offsets.load, self.dafka_config, heads, settings.start_timeout
@@ -184,7 +199,7 @@ class DafkaEngine(Engine):
         log.info(
             "Dafka engine started",
             mode="joined" if settings.joined else "embedded",
-            stores=self._observer.stores,
+            stores=observer.stores,
             committed_offsets=len(self.offsets.all()),
         )
 
@@ -214,6 +229,8 @@ class DafkaEngine(Engine):
             log.warning("records not acknowledged by any store at stop", records=sum(left))
         for group in list(self._groups.values()):
             await group.close()
+        if self._reader is not None:
+            await asyncio.to_thread(self._reader.close)
         if self._observer is not None:
             await asyncio.to_thread(self._observer.close)
         await self._network.stop()
@@ -284,6 +301,43 @@ class DafkaEngine(Engine):
                 f"(one of {known})"
             )
         return reset
+
+    def subscribe(self, group: Group, topic: str) -> None:
+        groups = self._readers_of.setdefault(topic, set())
+        if not groups:
+            self.reader.subscribe(topic)
+        groups.add(group)
+
+    def unsubscribe(self, group: Group, topic: str) -> None:
+        groups = self._readers_of.get(topic)
+        if groups is None:
+            return
+        groups.discard(group)
+        if not groups:
+            del self._readers_of[topic]
+            self.reader.unsubscribe(topic)
+
+    def _sink_thread(self, events: list[Event]) -> None:
+        with self._inbox_lock:
+            first = not self._inbox
+            self._inbox.extend(events)
+        if first:
+            self._loop.call_soon_threadsafe(self._drain_inbox)
+
+    def _drain_inbox(self) -> None:
+        with self._inbox_lock:
+            events, self._inbox = self._inbox, []
+        groups = self._groups
+        for event in events:
+            if event[0] == "record":
+                _, (name, topic, address), seq, content, generation = event
+                group = groups.get(name)
+                if group is not None:
+                    group.on_record(topic, address, seq, content, generation)
+            else:
+                _, topic, address, head = event
+                for group in list(self._readers_of.get(topic, ())):
+                    group.on_head(topic, address, head)
 
     def forget_group(self, group: Group) -> None:
         if self._groups.get(group.name) is group:

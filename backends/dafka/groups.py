@@ -21,14 +21,13 @@ from __future__ import annotations
 import asyncio
 import collections
 import itertools
-import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import structlog
 
 from backends.base import AckError, ConsumeError, Consumer, Record, Stats
-from backends.dafka.reader import Event, Reader
+from backends.dafka.reader import Reader
 
 if TYPE_CHECKING:
     from backends.dafka.engine import DafkaEngine
@@ -79,10 +78,8 @@ class Group:
         self.parts: dict[tuple[str, str], _Partition] = {}
         self.by_number: dict[tuple[str, int], _Partition] = {}
         self.topics: set[str] = set()
-        self._reader: Reader | None = None
+        self._reader: Reader = engine.reader
         self._loop = asyncio.get_running_loop()
-        self._inbox: list[Event] = []
-        self._inbox_lock = threading.Lock()
         self._buffer = max(2, engine.consume_batch)
         # Until then, partitions the reader finds start past their head for a `latest`
         # group: the stores' answers to the join's GET_HEADS (existing partitions).
@@ -91,10 +88,6 @@ class Group:
     # --- membership ------------------------------------------------------------------
 
     async def join(self, member: Member) -> None:
-        if self._reader is None:
-            self._reader = await asyncio.to_thread(
-                Reader, self.engine.dafka_config, self._sink_thread
-            )
         if member.reset == "latest":
             self._latest_until = self._loop.time() + self.engine.settle
         for topic in member.topics:
@@ -102,7 +95,7 @@ class Group:
                 continue
             self.topics.add(topic)
             self._start_known(topic, member.reset)
-            self._reader.subscribe(topic)
+            self.engine.subscribe(self, topic)
         self.members.append(member)
         self._rebalance()
 
@@ -136,8 +129,14 @@ class Group:
         part.buffer.clear()
         part.generation += 1
         part.credit = self._buffer
-        if self._reader is not None:
-            self._reader.start(part.topic, part.address, offset, part.credit, part.generation)
+        self._reader.start(
+            (self.name, part.topic, part.address),
+            part.topic,
+            part.address,
+            offset,
+            part.credit,
+            part.generation,
+        )
 
     async def leave(self, member: Member) -> None:
         if member in self.members:
@@ -148,9 +147,10 @@ class Group:
 
     async def close(self) -> None:
         self.engine.forget_group(self)
-        reader, self._reader = self._reader, None
-        if reader is not None:
-            await asyncio.to_thread(reader.close)
+        for topic in self.topics:
+            self.engine.unsubscribe(self, topic)
+        for part in self.parts.values():
+            self._reader.drop((self.name, part.topic, part.address))
 
     def _rebalance(self) -> None:
         members_of: dict[str, list[Member]] = {}
@@ -199,47 +199,31 @@ class Group:
             self._rebalance()
         return part
 
-    # --- events from the reader -------------------------------------------------------
+    # --- events from the reader (loop thread) -----------------------------------------
 
-    def _sink_thread(self, events: list[Event]) -> None:
-        with self._inbox_lock:
-            first = not self._inbox
-            self._inbox.extend(events)
-        if first:
-            self._loop.call_soon_threadsafe(self._drain_inbox)
+    def on_head(self, topic: str, address: str, head: int) -> None:
+        part = self._part(topic, address)
+        if part is None or part.started:
+            return
+        start = self.engine.offsets.committed(self.name, topic).get(part.number)
+        if start is None:
+            start = head + 1 if self._loop.time() < self._latest_until else 0
+        self._start(part, start)
 
-    def _drain_inbox(self) -> None:
-        with self._inbox_lock:
-            events, self._inbox = self._inbox, []
-        woken: set[Member] = set()
-        for event in events:
-            part = self._part(event[1], event[2])
-            if part is None or event[1] not in self.topics:
-                continue
-            if event[0] == "head":
-                if not part.started:
-                    committed = self.engine.offsets.committed(self.name, part.topic)
-                    start = committed.get(part.number)
-                    if start is None:
-                        latest = self._loop.time() < self._latest_until
-                        start = event[3] + 1 if latest else 0
-                    self._start(part, start)
-                continue
-            _, _, _, seq, content, generation = event
-            if generation != part.generation:
-                continue  # delivered before a rewind
-            part.credit -= 1
-            if seq != part.expected:
-                if not (part.expected == part.position == part.acked and seq > part.expected):
-                    continue
-                # The stores' oldest record: retention took the ones before.
-                part.position = part.acked = seq
-            part.buffer.append(Record(part.topic, part.number, seq, None, content, None))
-            part.expected = seq + 1
-            if part.owner is not None:
-                woken.add(part.owner)
-        for member in woken:
-            member.wake()
+    def on_record(self, topic: str, address: str, seq: int, content: bytes, gen: int) -> None:
+        part = self.parts.get((topic, address))
+        if part is None or gen != part.generation:
+            return  # delivered before a rewind
+        part.credit -= 1
+        if seq != part.expected:
+            if not (part.expected == part.position == part.acked and seq > part.expected):
+                return
+            # The stores' oldest record: retention took the ones before.
+            part.position = part.acked = seq
+        part.buffer.append(Record(topic, part.number, seq, None, content, None))
+        part.expected = seq + 1
+        if part.owner is not None:
+            part.owner.wake()
 
     # --- members' side ------------------------------------------------------------------
 
@@ -249,9 +233,9 @@ class Group:
                 record = part.buffer.popleft()
                 part.position = record.offset + 1
                 room = self._buffer - len(part.buffer) - part.credit
-                if room >= self._buffer // 2 and self._reader is not None:
+                if room >= self._buffer // 2:
                     part.credit += room
-                    self._reader.grant(part.topic, part.address, room)
+                    self._reader.grant((self.name, part.topic, part.address), room)
                 return record
         return None
 

@@ -8,16 +8,19 @@ much: FETCH(next, min(credit, known head - next + 1)). Live RECORDs are taken di
 they are the next one and there is credit (the low-latency path); anything else is
 dropped and fetched when there is room. Nothing is buffered here.
 
-Partitions are found from HEADs, RECORDs, and the stores' DIRECT_HEADs (GET_HEADS on
-subscribe, hello handshake with every store reader). The owner decides where each one
-starts (`start`), and grants credit as it makes room (`grant`). Events reach the owner in
-batches through `sink(events)`, on the actor thread:
+One reader serves many readers of one partition (a gateway's consumer groups): each is a
+*cursor* with its own position and credit; a record reaching the reader goes to every
+cursor it is the next record of. Partitions are found from HEADs, RECORDs, and the
+stores' DIRECT_HEADs (GET_HEADS on subscribe, hello handshake with every store reader).
+The owner decides where each cursor starts (`start`), grants credit as it makes room
+(`grant`) and drops cursors it no longer needs. Events reach the owner in batches through
+`sink(events)`, on the actor thread:
 
 - `("head", topic, partition, head)`: a partition's known head moved (first one: found);
-- `("record", topic, partition, sequence, content, generation)`: the next record.
+- `("record", cursor, sequence, content, generation)`: the cursor's next record.
 
-`generation` is the one given to the `start` that positioned the partition, so the owner
-can tell records from before a rewind.
+`generation` is the one given to the `start` that positioned the cursor, so the owner can
+tell records from before a rewind.
 
 Wire cost: besides the FETCHes it needs, nothing: one GET_HEADS per subscribe and the
 usual hellos, as the plain consumer in earliest mode.
@@ -30,7 +33,7 @@ import contextlib
 import itertools
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import structlog
@@ -50,31 +53,37 @@ _BATCH = 100_000
 Event = tuple[Any, ...]
 
 
-class _Partition:
+class _Cursor:
     __slots__ = (
-        "address",
         "credit",
         "fetch_end",
         "fetch_until",
         "fresh",
         "generation",
-        "head",
+        "key",
         "next",
-        "started",
-        "subject",
+        "part",
     )
 
-    def __init__(self, subject: str, address: str) -> None:
-        self.subject = subject
-        self.address = address
-        self.started = False
+    def __init__(self, key: Hashable, part: _Partition) -> None:
+        self.key = key
+        self.part = part
         self.next = 0
         self.credit = 0
-        self.head = -1
         self.fresh = False  # may jump to the stores' oldest record (retention)
         self.generation = 0
         self.fetch_end = 0  # a FETCH asked for records up to here (exclusive)
         self.fetch_until = 0  # ms; after this the FETCH counts as lost
+
+
+class _Partition:
+    __slots__ = ("address", "cursors", "head", "subject")
+
+    def __init__(self, subject: str, address: str) -> None:
+        self.subject = subject
+        self.address = address
+        self.head = -1
+        self.cursors: dict[Hashable, _Cursor] = {}
 
 
 class Reader:
@@ -113,15 +122,27 @@ class Reader:
         check_topic(topic)
         self._command("subscribe", topic)
 
-    def start(
-        self, topic: str, partition: str, next_sequence: int, credit: int, generation: int
-    ) -> None:
-        """Deliver `partition` from `next_sequence` on (0: from the oldest record the stores
-        keep), at most `credit` records until more is granted."""
-        self._command("start", topic, partition, next_sequence, credit, generation)
+    def unsubscribe(self, topic: str) -> None:
+        self._command("unsubscribe", topic)
 
-    def grant(self, topic: str, partition: str, credit: int) -> None:
-        self._command("grant", topic, partition, credit)
+    def start(
+        self,
+        cursor: Hashable,
+        topic: str,
+        partition: str,
+        next_sequence: int,
+        credit: int,
+        generation: int,
+    ) -> None:
+        """Deliver `partition` to `cursor` from `next_sequence` on (0: from the oldest
+        record the stores keep), at most `credit` records until more is granted."""
+        self._command("start", cursor, topic, partition, next_sequence, credit, generation)
+
+    def grant(self, cursor: Hashable, credit: int) -> None:
+        self._command("grant", cursor, credit)
+
+    def drop(self, cursor: Hashable) -> None:
+        self._command("drop", cursor)
 
     def close(self) -> None:
         with self._lock:
@@ -191,8 +212,9 @@ class _Actor:
         self.retry = owner._retry
         self.subjects: dict[str, None] = {}
         self.parts: dict[tuple[str, str], _Partition] = {}
+        self.cursors: dict[Hashable, _Cursor] = {}
         self.events: list[Event] = []
-        self.fetching: set[_Partition] = set()
+        self.fetching: set[_Cursor] = set()
 
     def loop(self, pipe: zmq.Socket, beacon: Beacon) -> None:
         poller = zmq.Poller()
@@ -203,7 +225,7 @@ class _Actor:
             now = now_ms()
             deadline = beacon.next_deadline_ms()
             if self.fetching:
-                deadline = min(deadline, min(p.fetch_until for p in self.fetching))
+                deadline = min(deadline, min(c.fetch_until for c in self.fetching))
             wait = 0 if busy else max(0, min(deadline - now, 1000))
             events = dict(poller.poll(wait))
             if pipe in events and self._commands(pipe):
@@ -215,9 +237,9 @@ class _Actor:
                     self._hello(reader)
             busy = self.sub in events and self._drain()
             now = now_ms()
-            for part in [p for p in self.fetching if p.fetch_until <= now]:
-                part.fetch_end = 0  # lost or partly answered: ask again
-                self._pump(part, now)
+            for cursor in [c for c in self.fetching if c.fetch_until <= now]:
+                cursor.fetch_end = 0  # lost or partly answered: ask again
+                self._pump(cursor, now)
             apply_events(beacon.tick(now), self.sub)
             if self.events:
                 batch, self.events = self.events, []
@@ -247,23 +269,51 @@ class _Actor:
             self.sub.setsockopt(zmq.SUBSCRIBE, proto.subscription(msg_id, topic) + b"\0")
         self.subjects[topic] = None
         self._send(proto.Message(proto.GET_HEADS, topic.encode(), address=self.uuid))
+        for part in self.parts.values():
+            if part.subject == topic and part.head >= 0:
+                self.events.append(("head", topic, part.address, part.head))
+
+    def _cmd_unsubscribe(self, topic: str) -> None:
+        if topic not in self.subjects:
+            return
+        for msg_id in (proto.RECORD, proto.HEAD):
+            self.sub.setsockopt(zmq.UNSUBSCRIBE, proto.subscription(msg_id, topic) + b"\0")
+        del self.subjects[topic]
 
     def _cmd_start(
-        self, topic: str, address: str, next_sequence: int, credit: int, generation: int
+        self,
+        key: Hashable,
+        topic: str,
+        address: str,
+        next_sequence: int,
+        credit: int,
+        generation: int,
     ) -> None:
         part = self._part(topic, address)
-        part.started = True
-        part.next = next_sequence
-        part.fresh = next_sequence == 0
-        part.credit = credit
-        part.generation = generation
-        part.fetch_end = 0
-        self._pump(part, now_ms())
+        cursor = self.cursors.get(key)
+        if cursor is not None and cursor.part is not part:
+            self._cmd_drop(key)
+            cursor = None
+        if cursor is None:
+            cursor = self.cursors[key] = part.cursors[key] = _Cursor(key, part)
+        cursor.next = next_sequence
+        cursor.fresh = next_sequence == 0
+        cursor.credit = credit
+        cursor.generation = generation
+        cursor.fetch_end = 0
+        self._pump(cursor, now_ms())
 
-    def _cmd_grant(self, topic: str, address: str, credit: int) -> None:
-        part = self._part(topic, address)
-        part.credit += credit
-        self._pump(part, now_ms())
+    def _cmd_grant(self, key: Hashable, credit: int) -> None:
+        cursor = self.cursors.get(key)
+        if cursor is not None:
+            cursor.credit += credit
+            self._pump(cursor, now_ms())
+
+    def _cmd_drop(self, key: Hashable) -> None:
+        cursor = self.cursors.pop(key, None)
+        if cursor is not None:
+            cursor.part.cursors.pop(key, None)
+            self.fetching.discard(cursor)
 
     def _part(self, topic: str, address: str) -> _Partition:
         part = self.parts.get((topic, address))
@@ -302,40 +352,40 @@ class _Actor:
         if head > part.head:
             part.head = head
             self.events.append(("head", part.subject, part.address, head))
-            self._pump(part, now_ms())
+            now = now_ms()
+            for cursor in part.cursors.values():
+                self._pump(cursor, now)
 
     def _on_record(self, msg: proto.Message, direct: bool) -> None:
         part = self._part(msg.subject, msg.address)
         seq = msg.sequence
         if seq > part.head:
             self._on_head(part, seq)
-        if not part.started or part.credit <= 0:
-            return
-        if seq != part.next:
-            if not (direct and part.fresh and seq > part.next):
-                return
-            part.next = seq  # the stores' oldest record: retention took the ones before
-        part.fresh = False
-        part.next = seq + 1
-        part.credit -= 1
-        self.events.append(
-            ("record", part.subject, part.address, seq, msg.content, part.generation)
-        )
-        if part.next >= part.fetch_end:
-            self.fetching.discard(part)
-            self._pump(part, now_ms())
+        for cursor in part.cursors.values():
+            if cursor.credit <= 0:
+                continue
+            if seq != cursor.next and not (direct and cursor.fresh and seq > cursor.next):
+                continue  # not its next one (the stores' oldest one is, after retention)
+            cursor.fresh = False
+            cursor.next = seq + 1
+            cursor.credit -= 1
+            self.events.append(("record", cursor.key, seq, msg.content, cursor.generation))
+            if cursor.next >= cursor.fetch_end:
+                self.fetching.discard(cursor)
+                self._pump(cursor, now_ms())
 
     # -- outgoing -----------------------------------------------------------------------
 
-    def _pump(self, part: _Partition, now: int) -> None:
+    def _pump(self, cursor: _Cursor, now: int) -> None:
         """FETCH what the owner has room for, unless a FETCH for it is under way."""
-        if not part.started or part.credit <= 0 or part.head < part.next:
-            self.fetching.discard(part)
+        part = cursor.part
+        if cursor.credit <= 0 or part.head < cursor.next:
+            self.fetching.discard(cursor)
             return
-        if part.fetch_end > part.next and part.fetch_until > now:
+        if cursor.fetch_end > cursor.next and cursor.fetch_until > now:
             return
-        count = min(part.credit, part.head - part.next + 1, MAX_FETCH)
-        if part.fresh:
+        count = min(cursor.credit, part.head - cursor.next + 1, MAX_FETCH)
+        if cursor.fresh:
             count = max(count, MAX_FETCH // 10)  # the oldest kept record may be far ahead
         self._send(
             proto.Message(
@@ -343,13 +393,13 @@ class _Actor:
                 part.address.encode(),
                 address=self.uuid,
                 subject=part.subject,
-                sequence=part.next,
+                sequence=cursor.next,
                 count=count,
             )
         )
-        part.fetch_end = part.next + count
-        part.fetch_until = now + self.retry
-        self.fetching.add(part)
+        cursor.fetch_end = cursor.next + count
+        cursor.fetch_until = now + self.retry
+        self.fetching.add(cursor)
 
     def _hello(self, reader: bytes) -> None:
         if not reader or b"\0" in reader:

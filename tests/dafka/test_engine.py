@@ -203,3 +203,25 @@ def test_dump_reports_what_no_store_acknowledged(dafka_config: Config, tower: To
             assert engine.stats.get(Stats.UNFLUSHED) == 2
 
     run(body())
+
+
+def test_groups_read_independently_and_a_new_member_starts_at_once(network: Config) -> None:
+    async def body() -> None:
+        async with engine_on(network, partitions=1) as engine:
+            producer = engine.producer("s1")
+            producer.produce_many("t", None, [b"a", b"b"])
+            assert await producer.flush(WAIT) == 0
+            first = await engine.consumer("g1", "c", ["t"], {})
+            assert [r.value for r in await take(first, 2)] == [b"a", b"b"]
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            second = await engine.consumer("g2", "c", ["t"], {})
+            [record] = await take(second, 1)
+            elapsed = loop.time() - started
+            assert record.value == b"a", "another group starts from its own position"
+            # The aim is 50 ms; the bound leaves room for a loaded 2-core CI machine.
+            assert elapsed < 0.25, f"first record of a new group after {elapsed * 1000:.0f} ms"
+            await first.close()
+            await second.close()
+
+    run(body())
