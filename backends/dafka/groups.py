@@ -100,8 +100,9 @@ class Group:
         self._rebalance()
 
     def _start_known(self, topic: str, reset: str) -> None:
-        """Position the partitions the network already has: at the group's commit, or
-        past the head for `latest`; the rest start when found (at 0: earliest)."""
+        """Position the partitions the network already has: at the group's commit, else
+        at 0 (earliest: the oldest record kept) or past the head (latest); the others
+        start when the reader finds them."""
         committed = self.engine.offsets.committed(self.name, topic)
         heads = self.engine.observer.heads(topic)
         numbers = self.engine.partition_map
@@ -110,10 +111,9 @@ class Group:
             if part is None or part.started:
                 continue
             start = committed.get(part.number)
-            if start is None and reset == "latest":
-                start = head + 1
-            if start is not None:
-                self._start(part, start)
+            if start is None:
+                start = head + 1 if reset == "latest" else 0
+            self._start(part, start)
         # Partitions only known by a commit (the stores have not answered yet).
         for number, offset in committed.items():
             known = numbers.address(topic, number)
