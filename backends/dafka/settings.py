@@ -23,13 +23,56 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
 from backends.dafka.config import Config as ZplConfig
 from backends.dafka.config import ConfigError as ZplError
-from backends.dafka.engine import RESETS, DafkaSettings
 from backends.dafka.partitions import MAX_PARTITIONS, PARTITIONERS
+
+RESETS = {"earliest": "earliest", "smallest": "earliest", "beginning": "earliest"} | {
+    "latest": "latest",
+    "largest": "latest",
+    "end": "latest",
+}
+
+
+def _empty() -> Mapping[str, Any]:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True)
+class DafkaSettings:
+    """The `dafka` section of the configuration (documented in docs/gateway.md)."""
+
+    # Joined mode when set: the towers of an existing network ("tcp://host:5556", comma
+    # separated; beacons publish there) and their publishing side (5557).
+    tower_sub_address: str = ""
+    tower_pub_address: str = ""
+    # Embedded mode.
+    data_dir: str = "rafka-data"
+    stores: int = 1
+    # Both modes.
+    partitions: int = 4
+    topic_partitions: Mapping[str, int] = field(default_factory=_empty)
+    partitioner: str = "consistent_random"
+    node: int = 0
+    min_stores: int = 1
+    auto_offset_reset: str = "earliest"
+    commit_interval: float = 1.0
+    snapshot_interval: float = 3600.0
+    start_timeout: float = 10.0
+    queue_max_messages: int = 1_000_000
+    # Passed to the Dafka actors (and, embedded, to the stores): zconfig paths.
+    settings: Mapping[str, str] = field(default_factory=_empty)
+
+    @property
+    def joined(self) -> bool:
+        return bool(self.tower_sub_address or self.tower_pub_address)
+
+    def partition_count(self, topic: str) -> int:
+        return self.topic_partitions.get(topic, self.partitions)
 
 
 class SettingsError(ValueError):

@@ -13,10 +13,11 @@ import zmq
 
 from backends.base import AckError, Record, Stats
 from backends.dafka.config import Config
-from backends.dafka.engine import DafkaEngine, DafkaSettings
+from backends.dafka.engine import DafkaEngine
 from backends.dafka.groups import Member
 from backends.dafka.partitions import foreign_number, own_address
 from backends.dafka.producer import Producer as DafkaProducer
+from backends.dafka.settings import DafkaSettings
 from backends.dafka.store import Store
 from backends.dafka.tower import Tower
 
