@@ -31,7 +31,7 @@ from backends.dafka.groups import Group, Member
 from backends.dafka.observer import NotSettled, Observer
 from backends.dafka.offsets import OFFSETS_TOPIC, CommitLog
 from backends.dafka.partitions import PartitionMap, make_partitioner
-from backends.dafka.producing import PartitionWriter, ProducerHandle
+from backends.dafka.producing import ASK_INTERVAL, PartitionWriter, ProducerHandle
 from backends.dafka.reader import Event, Reader
 from backends.dafka.settings import RESETS, DafkaSettings
 
@@ -87,6 +87,7 @@ class DafkaEngine(Engine):
         self._started = False
         self._observer: Observer | None = None
         self._writers: dict[tuple[str, int], PartitionWriter] = {}
+        self._by_address: dict[tuple[str, str], PartitionWriter] = {}
         self._groups: dict[str, Group] = {}
         self._reader: Reader | None = None
         self._readers_of: dict[str, set[Group]] = {}  # topic -> groups reading it
@@ -127,7 +128,9 @@ class DafkaEngine(Engine):
         await self._network.start()
         try:
             observer, self._reader = await asyncio.gather(
-                asyncio.to_thread(Observer, self.dafka_config, settle=self.settle),
+                asyncio.to_thread(
+                    Observer, self.dafka_config, settle=self.settle, on_head=self._head_thread
+                ),
                 asyncio.to_thread(Reader, self.dafka_config, self._sink_thread),
             )
             self._observer = observer
@@ -176,6 +179,7 @@ class DafkaEngine(Engine):
     async def _stop_started(self) -> None:
         writers = list(self._writers.values())
         self._writers.clear()
+        self._by_address.clear()
         timeout = self._stop_flush_timeout
         for writer in writers:
             with contextlib.suppress(Exception):
@@ -205,7 +209,12 @@ class DafkaEngine(Engine):
         writer = self._writers.get((topic, number))
         if writer is None:
             writer = self._writers[(topic, number)] = PartitionWriter(self, topic, number)
+            self._by_address[(topic, writer.address)] = writer
         return writer
+
+    def _head_thread(self, topic: str, address: str, head: int) -> None:
+        if self.settings.acks == "all" and (topic, address) in self._by_address:
+            self._loop.call_soon_threadsafe(self.progress)
 
     def progress(self) -> None:
         """Something was acknowledged (or failed): wake every flush waiting."""
@@ -319,18 +328,28 @@ class DafkaEngine(Engine):
             self.stats.incr(Stats.COMMIT_ERRORS, len(entries))
             log.warning("offset commit failed", error=str(error))
             return
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.settings.start_timeout
-        while writer.acked < position and writer.failed is None:
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                break
-            await self.wait_progress(remaining)
-        if writer.acked >= position:
+        if await self.wait_durable(writer, position, self.settings.start_timeout):
             self.stats.incr(Stats.COMMITTED, len(entries))
         else:
             self.stats.incr(Stats.COMMIT_ERRORS, len(entries))
-            log.warning("offset commit not acknowledged by a store in time", entries=len(entries))
+            log.warning(
+                "offset commit not acknowledged by the stores in time", entries=len(entries)
+            )
+
+    async def wait_durable(self, writer: PartitionWriter, position: int, timeout: float) -> bool:
+        """Wait until `writer`'s records below `position` are durable (as `acks` says)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while writer.durable() < position and writer.failed is None:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False
+            if self.settings.acks == "all":
+                # The stores do not say when they have a record: ask them.
+                self.observer.ask({writer.topic})
+                remaining = min(remaining, ASK_INTERVAL)
+            await self.wait_progress(remaining)
+        return writer.durable() >= position
 
     async def _commit_every(self, interval: float) -> None:
         while True:

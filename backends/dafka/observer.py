@@ -8,9 +8,12 @@ answers addressed to it, and asks every store reader for the heads of every subj
 CONSUMER_HELLO with the subject "" (C's reader matches subjects by prefix, ours treats ""
 as "every subject"), at hello time and on `refresh()` (GET_HEADS with topic "").
 
-DIRECT_HEADs carry no store address, so "every store has answered" is judged by time: the
-answers to one request leave a reader in one burst, and the observer is *settled* once it
-has greeted `min_stores` readers and no answer arrived for `settle` seconds.
+DIRECT_HEADs carry no store address, so the observer asks each store reader under a
+requester address of its own (a uuid per store, the routing topic of that store's
+answers): it knows what each store holds, and so which records every store the tower
+knows has (`acks: all`). "A store has answered in full" is judged by time: the answers to
+one request leave a reader in one burst, and the observer is *settled* once it has greeted
+`min_stores` readers and no answer arrived for `settle` seconds.
 """
 
 from __future__ import annotations
@@ -61,7 +64,12 @@ class Observer:
         # (topic, address) -> head; stored: what a store answered; published: HEADs.
         self._stored: dict[tuple[str, str], int] = {}
         self._published: dict[tuple[str, str], int] = {}
-        self._readers: set[str] = set()
+        self._readers: set[str] = set()  # store readers greeted
+        self._requester: dict[str, str] = {}  # reader -> our requester address for it
+        self._reader_of: dict[bytes, str] = {}  # requester routing bytes -> reader
+        self._held: dict[str, dict[tuple[str, str], int]] = {}  # reader -> its heads
+        self._alive: set[str] = set()  # readers the tower still announces
+        self._asked: set[str] = set()  # topics to ask every store about (actor picks up)
         self._last_answer = time.monotonic()
         self._refresh_requested = False
         self._closed = False
@@ -121,6 +129,21 @@ class Observer:
         with self._cond:
             if head > self._stored.get((topic, address), -1):
                 self._stored[(topic, address)] = head
+
+    def ask(self, topics: set[str]) -> None:
+        """Ask every store again for the heads of `topics` (answers update the tables)."""
+        with self._cond:
+            self._asked |= topics
+            with contextlib.suppress(zmq.Again):
+                self._pipe.send(b"A", zmq.NOBLOCK)
+
+    def held_by_all(self, topic: str, address: str) -> int:
+        """The head every store the tower knows holds (-1: not all hold anything)."""
+        with self._cond:
+            alive = self._alive
+            if not alive:
+                return -1
+            return min(self._held.get(r, {}).get((topic, address), -1) for r in alive)
 
     def stored_head(self, topic: str, address: str) -> int | None:
         with self._cond:
@@ -206,29 +229,55 @@ class Observer:
                     return
                 with self._cond:
                     refresh, self._refresh_requested = self._refresh_requested, False
-                if refresh:
-                    get_heads = proto.Message(
-                        proto.GET_HEADS, _EVERY_SUBJECT.encode(), address=self.address
-                    )
-                    xpub.send_multipart(proto.encode(get_heads))
+                    asked, self._asked = self._asked, set()
+                    readers = list(self._alive)
+                subjects = [_EVERY_SUBJECT] if refresh else sorted(asked)
+                if subjects:
+                    for name in readers:
+                        self._hello(sub, xpub, name.encode(), subjects)
             if beacon.socket in events:
                 apply_events(beacon.handle(), sub)
             if xpub in events:
-                for reader in new_subscribers(xpub, proto.CONSUMER_HELLO):
-                    self._hello(xpub, reader)
+                for subscriber in new_subscribers(xpub, proto.CONSUMER_HELLO):
+                    self._hello(sub, xpub, subscriber)
             if sub in events:
                 self._drain(sub, xpub)
             apply_events(beacon.tick(now_ms()), sub)
+            self._track_alive(beacon)
 
-    def _hello(self, xpub: zmq.Socket, reader: bytes) -> None:
+    def _track_alive(self, beacon: Beacon) -> None:
+        """The store readers the tower still announces (a dead one leaves after
+        `beacon/timeout`), so that `acks: all` does not wait for a store that is gone."""
+        with self._cond:
+            alive = self._readers.intersection(beacon.senders)
+            if alive != self._alive:
+                self._alive = alive
+                self._cond.notify_all()
+
+    def _hello(
+        self,
+        sub: zmq.Socket,
+        xpub: zmq.Socket,
+        reader: bytes,
+        subjects: list[str] | None = None,
+    ) -> None:
         if not reader or b"\0" in reader:
             return
+        name = reader.decode("ascii", "replace")
+        requester = self._requester.get(name)
+        if requester is None:
+            requester = self._requester[name] = uuid.uuid4().hex.upper()
+            self._reader_of[requester.encode()] = name
+            sub.setsockopt(zmq.SUBSCRIBE, proto.subscription(proto.DIRECT_HEAD, requester))
         hello = proto.Message(
-            proto.CONSUMER_HELLO, reader, address=self.address, subjects=[_EVERY_SUBJECT]
+            proto.CONSUMER_HELLO,
+            reader,
+            address=requester,
+            subjects=subjects if subjects is not None else [_EVERY_SUBJECT],
         )
         xpub.send_multipart(proto.encode(hello))
         with self._cond:
-            self._readers.add(reader.decode("ascii", "replace"))
+            self._readers.add(name)
             self._last_answer = time.monotonic()
             self._cond.notify_all()
 
@@ -245,17 +294,27 @@ class Observer:
             except proto.MalformedMessage:
                 continue
             if msg.id == proto.STORE_HELLO:
-                self._hello(xpub, msg.address.encode())
+                self._hello(sub, xpub, msg.address.encode())
                 continue
             if msg.id not in (proto.HEAD, proto.DIRECT_HEAD) or msg.sequence < 0:
                 continue
             key = (msg.subject, msg.address)
-            table = self._published if msg.id == proto.HEAD else self._stored
-            answered = answered or msg.id == proto.DIRECT_HEAD
+            seq = msg.sequence
             with self._cond:
-                if msg.sequence > table.get(key, -1):
-                    table[key] = msg.sequence
-                    moved.append((msg.subject, msg.address, msg.sequence))
+                if msg.id == proto.HEAD:
+                    table = self._published
+                else:
+                    answered = True
+                    table = self._stored
+                    reader = self._reader_of.get(msg.topic)
+                    if reader is not None:
+                        held = self._held.setdefault(reader, {})
+                        if seq > held.get(key, -1):
+                            held[key] = seq
+                            moved.append((msg.subject, msg.address, seq))
+                if seq > table.get(key, -1):
+                    table[key] = seq
+                    moved.append((msg.subject, msg.address, seq))
         if answered:
             with self._cond:
                 self._last_answer = time.monotonic()

@@ -29,6 +29,7 @@ log = structlog.get_logger(__name__)
 QUEUE_FULL = "Local: Queue full"
 INVALID_TOPIC = "Broker: Invalid topic"
 STOPPED = "Engine stopped"
+ASK_INTERVAL = 0.02  # seconds between two questions to the stores during a DUMP (acks: all)
 
 
 class PartitionWriter:
@@ -44,7 +45,7 @@ class PartitionWriter:
         self._first_sequence = 0
         self._waiting: list[bytes] = []  # produced before the actor existed
         self.submitted = 0
-        self.acked = 0
+        self.acked = 0  # positions below are held by a store
         self.failed: str | None = None
         self.ready: asyncio.Task[None] = self._loop.create_task(self._start())
 
@@ -106,6 +107,14 @@ class PartitionWriter:
     def _on_ack_thread(self, last_acked: int) -> None:
         self._loop.call_soon_threadsafe(self._on_ack, last_acked)
 
+    def durable(self) -> int:
+        """Positions below this one count as durable for DUMP: held by a store, or with
+        `acks: all` by every store the tower knows (asked afresh: stores come and go)."""
+        if self._engine.settings.acks != "all":
+            return self.acked
+        held = self._engine.observer.held_by_all(self.topic, self.address)
+        return max(0, min(held - self._first_sequence + 1, self.acked))
+
     def _on_ack(self, last_acked: int) -> None:
         acked = last_acked - self._first_sequence + 1
         if acked > self.acked:
@@ -160,7 +169,7 @@ class ProducerHandle(Producer):
     def outstanding(self) -> int:
         left = 0
         for writer, ranges in list(self._ranges.items()):
-            acked = writer.acked
+            acked = writer.durable()
             while ranges and ranges[0][1] <= acked:
                 ranges.popleft()
             if not ranges:
@@ -180,6 +189,10 @@ class ProducerHandle(Producer):
             remaining = deadline - loop.time()
             if left == 0 or remaining <= 0 or self._only_failed():
                 return left
+            if self._engine.settings.acks == "all":
+                # The stores do not say when they have a record: ask them.
+                self._engine.observer.ask({writer.topic for writer in self._ranges})
+                remaining = min(remaining, ASK_INTERVAL)
             await self._engine.wait_progress(remaining)
 
     def _only_failed(self) -> bool:

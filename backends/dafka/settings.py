@@ -64,6 +64,9 @@ class DafkaSettings:
     snapshot_interval: float = 3600.0
     start_timeout: float = 10.0
     queue_max_messages: int = 1_000_000
+    # DUMP counts a record durable once one store has it ("one"), or every store the
+    # tower knows ("all").
+    acks: str = "one"
     # Passed to the Dafka actors (and, embedded, to the stores): zconfig paths.
     settings: Mapping[str, str] = field(default_factory=_empty)
 
@@ -73,6 +76,9 @@ class DafkaSettings:
 
     def partition_count(self, topic: str) -> int:
         return self.topic_partitions.get(topic, self.partitions)
+
+
+ACKS = ("one", "all")
 
 
 class SettingsError(ValueError):
@@ -166,6 +172,7 @@ _KEYS: dict[str, Callable[[object], Any]] = {
     "start_timeout": lambda v: _seconds("start_timeout", v),
     "queue_max_messages": lambda v: _integer("queue_max_messages", v, 1, 100_000_000),
     "settings": _zconfig,
+    "acks": lambda v: _choice("acks", v, ACKS),
 }
 
 

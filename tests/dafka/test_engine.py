@@ -7,6 +7,7 @@ import asyncio
 import zlib
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import pytest
 import zmq
@@ -224,5 +225,36 @@ def test_groups_read_independently_and_a_new_member_starts_at_once(network: Conf
             assert elapsed < 0.25, f"first record of a new group after {elapsed * 1000:.0f} ms"
             await first.close()
             await second.close()
+
+    run(body())
+
+
+def test_acks_all_waits_until_every_store_holds_the_record(
+    dafka_config: Config, tower: Tower, tmp_path: Path
+) -> None:
+    """With two stores and `acks: all`, a record DUMP confirmed survives losing either."""
+    dafka_config.set("beacon/timeout", 500)  # a store gone is forgotten fast
+    second_config = dafka_config.copy()
+    second_config.set("store/db", str(tmp_path / "second"))
+
+    async def body() -> None:
+        first = await asyncio.to_thread(Store, dafka_config, zmq.Context.instance())
+        second = await asyncio.to_thread(Store, second_config, zmq.Context.instance())
+        try:
+            async with engine_on(dafka_config, acks="all", min_stores=2, partitions=1) as engine:
+                producer = engine.producer("s1")
+                producer.produce_many("t", None, [b"kept"])
+                assert await producer.flush(WAIT) == 0
+                address = own_address("t", 0).encode()
+                for store in (first, second):  # both, at the moment DUMP answered
+                    assert store.storage.head(b"t", address) == 0
+                await asyncio.to_thread(first.close)  # lose one store: the other has it
+                member = await engine.consumer("g", "c", ["t"], {})
+                [record] = await take(member, 1)
+                assert record.value == b"kept"
+                await member.close()
+        finally:
+            await asyncio.to_thread(first.close)
+            await asyncio.to_thread(second.close)
 
     run(body())
