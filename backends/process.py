@@ -179,6 +179,7 @@ class Child:
         # Every line in order, so that a readiness wait can resume where it stopped.
         self._log: collections.deque[tuple[str, str]] = collections.deque(maxlen=keep_lines)
         self._count = 0
+        self._printed = dict.fromkeys(STREAMS, 0)
         self._terminated = False
         self.ready: re.Match[str] | None = None  # what `start` matched
         self._exited = threading.Event()
@@ -244,6 +245,25 @@ class Child:
                         f"printed no line matching {regex.pattern!r} within {timeout:g} s"
                     )
                 self._changed.wait(remaining)
+
+    def wait_lines(self, count: int, timeout: float, stream: str = "stdout") -> list[str]:
+        """The kept lines of `stream` once it has printed at least `count` lines.
+        ProcessError naming the program, the count and the bound if the child exits or
+        `timeout` s pass first."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while (printed := self._printed[stream]) < count:
+                if self._exited.is_set():
+                    raise self._error(
+                        f"exited ({self._status()}) after {printed} of {count} lines on {stream}"
+                    )
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise self._error(
+                        f"printed {printed} of {count} lines on {stream} within {timeout:g} s"
+                    )
+                self._changed.wait(remaining)
+            return list(self._lines[stream])
 
     def wait_ready(self, ready: Ready, timeout: float) -> re.Match[str] | None:
         """Wait until the child is ready: a line matching `ready` (returned), or `ready()`
@@ -333,6 +353,7 @@ class Child:
             self._tail.append(line)
             self._log.append((stream, line))
             self._count += 1
+            self._printed[stream] += 1
             self._changed.notify_all()
         if self._on_line is not None:
             self._on_line(self, stream, line)

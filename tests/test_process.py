@@ -43,6 +43,9 @@ def test_a_ready_line_is_matched_and_the_output_kept_per_stream() -> None:
         assert child.ready is not None and child.ready.group(1) == "1234"
         assert child.stdout_lines == ["listening on 1234"]
         assert child.wait_line("config", 5, stream="stderr").group() == "config"
+        assert child.wait_lines(1, 5, "stderr") == ["loading config"]
+        with pytest.raises(ProcessError, match=r"printed 1 of 2 lines on stdout within 0\.2 s"):
+            child.wait_lines(2, 0.2)
         child.close_stdin()
         assert child.wait(10) == 0
     finally:
