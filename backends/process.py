@@ -37,7 +37,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -489,13 +489,3 @@ def start(
         child.stop(stop_timeout)
         raise
     return child
-
-
-def stop_all(children: Iterable[Child], timeout: float = 10.0) -> dict[str, int]:
-    """Stop several children at once: SIGTERM to all, then a shared `timeout` before the
-    SIGKILLs. Return codes by name."""
-    children = list(children)
-    for child in children:
-        child.terminate()
-    deadline = time.monotonic() + timeout
-    return {child.name: child.stop(deadline - time.monotonic()) for child in children}
