@@ -19,14 +19,11 @@ import argparse
 import os
 import re
 import shlex
-import signal
-import subprocess
 import sys
 import tempfile
-import threading
-import time
 from pathlib import Path
-from typing import IO
+
+from backends.process import ProcessError, describe_exit, spawn
 
 BIN = Path(sys.executable).parent
 C_REFERENCE = (
@@ -38,68 +35,38 @@ PROCESS_TIMEOUT = 180.0  # seconds any one program may run before it is given up
 
 
 class Program:
-    """One Dafka program; its stdout and stderr lines are collected by reader threads."""
+    """One Dafka program (dies with the benchmark); all its output lines are kept."""
 
     def __init__(self, *args: str) -> None:
         self.args = args
-        self.process = subprocess.Popen(
-            [str(BIN / args[0]), *args[1:]],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        self.child = spawn(
+            [str(BIN / args[0]), *args[1:]], env={"PYTHONUNBUFFERED": "1"}, keep_lines=None
         )
-        self.out: list[str] = []
-        self.err: list[str] = []
-        self._readers = [
-            threading.Thread(target=_read, args=(self.process.stdout, self.out), daemon=True),
-            threading.Thread(target=_read, args=(self.process.stderr, self.err), daemon=True),
-        ]
-        for reader in self._readers:
-            reader.start()
 
     @property
     def command(self) -> str:
         return shlex.join(self.args)
 
     def wait_stderr(self, pattern: str, timeout: float) -> re.Match[str]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for line in list(self.err):
-                if match := re.search(pattern, line):
-                    return match
-            if self.process.poll() is not None:
-                break
-            time.sleep(0.02)  # polling with a deadline, for a line another process prints
-        raise RuntimeError(f"{self.command}: no {pattern!r} on stderr: {self.err}")
+        try:
+            return self.child.wait_line(pattern, timeout, stream="stderr")
+        except ProcessError as error:
+            raise RuntimeError(f"{self.command}: {error}") from None
 
     def finish(self, timeout: float = PROCESS_TIMEOUT) -> list[str]:
         """Wait for the exit; the stdout lines, or an error naming what went wrong."""
         try:
-            code = self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
+            code = self.child.wait(timeout)
+        except ProcessError:
             self.stop()
             raise RuntimeError(f"{self.command}: still running after {timeout:.0f} s") from None
-        for reader in self._readers:
-            reader.join()
         if code != 0:
-            raise RuntimeError(f"{self.command}: exit {code}: {' | '.join(self.err[-5:])}")
-        return self.out
+            errors = self.child.stderr_lines[-5:]
+            raise RuntimeError(f"{self.command}: {describe_exit(code)}: {' | '.join(errors)}")
+        return self.child.stdout_lines
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
-
-def _read(stream: IO[bytes] | None, sink: list[str]) -> None:
-    assert stream is not None
-    for raw in stream:
-        sink.append(raw.decode(errors="replace").rstrip("\n"))
+        self.child.stop(15)
 
 
 def msg_per_s(lines: list[str]) -> int:

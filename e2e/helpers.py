@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
-import subprocess
 import sys
 from pathlib import Path
 
 from backends.kafka.tansu import free_port
-from tests.waiting import wait_until
+from backends.process import Child, start
 
 RAFKA = Path(sys.executable).parent / "rafka"
 REPO = Path(__file__).resolve().parent.parent
@@ -53,58 +51,42 @@ def port_answers_ping(port: int) -> bool:
 
 
 class RafkaProcess:
-    """`rafka -c <file> -p <port>` as a child process, stopped with SIGTERM."""
+    """`rafka -c <file> -p <port>` as a child process (dies with the test run), stopped
+    with SIGTERM."""
 
     def __init__(self, config_path: Path, port: int | None = None) -> None:
         self.port = port or free_port()
         self.config_path = config_path
-        self.process: subprocess.Popen[bytes] | None = None
-        self.stderr_path = config_path.with_suffix(".stderr")
+        self.child: Child | None = None
 
     def start(self) -> None:
-        with self.stderr_path.open("wb") as stderr:
-            process = self.process = subprocess.Popen(
-                [
-                    str(RAFKA),
-                    "-c",
-                    str(self.config_path),
-                    "--host",
-                    "127.0.0.1",
-                    "-p",
-                    str(self.port),
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=stderr,
-                cwd=REPO,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            )
-        wait_until(
-            lambda: port_answers_ping(self.port) or process.poll() is not None,
-            20,
-            f"rafka did not answer PING on port {self.port}",
+        self.child = start(
+            [str(RAFKA), "-c", str(self.config_path), "--host", "127.0.0.1", "-p", str(self.port)],
+            name="rafka",
+            ready=lambda: port_answers_ping(self.port),
+            timeout=20,
+            cwd=REPO,
+            env={"PYTHONUNBUFFERED": "1"},
+            keep_lines=None,
         )
-        assert process.poll() is None, f"rafka exited at start: {self.stderr()}"
 
     def stderr(self) -> str:
-        return self.stderr_path.read_text(errors="replace")
+        return "\n".join(self.child.stderr_lines) if self.child is not None else ""
 
     def kill(self) -> None:
         """Make sure the process is gone (a failed test must not leave it running)."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
+        if self.child is not None:
+            self.child.kill()
+            self.child.wait(10)
 
     def terminate(self, timeout: float = 30) -> int:
-        assert self.process is not None
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            return self.process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        assert self.child is not None
+        code = self.child.stop(timeout)
+        if code == -signal.SIGKILL:
             raise AssertionError(
                 f"rafka did not exit within {timeout}s of SIGTERM: {self.stderr()}"
-            ) from None
+            )
+        return code
 
 
 def write_config(path: Path, bootstrap: str) -> Path:

@@ -3,19 +3,16 @@ producer and console consumers. A store is SIGKILLed mid-stream and restarted.""
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
 
 import pytest
 from rocksdict import AccessType, Options, Rdict
 
 from backends.kafka.tansu import free_port
+from backends.process import spawn
 from tests.waiting import wait_until
 
 BIN = Path(sys.executable).parent
@@ -42,61 +39,39 @@ def zpl(tower_sub: int, tower_pub: int, db: Path | None = None) -> str:
 
 
 class Program:
-    """A Dafka program whose stdout lines are collected by a reader thread."""
+    """A Dafka program (dies with the test run); all its output lines are kept."""
 
     def __init__(self, *args: str, stdin: bool = False) -> None:
         self.args = args
-        self.process = subprocess.Popen(
+        self.child = spawn(
             [str(BIN / args[0]), *args[1:]],
-            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            stdin=stdin,
+            env={"PYTHONUNBUFFERED": "1"},
+            keep_lines=None,
         )
-        self.lines: list[str] = []
-        # stderr is drained too: a program blocked on a full pipe would look like a hang.
-        self._errors: list[str] = []
-        self._readers = [
-            threading.Thread(target=self._read, args=(self.process.stdout, self.lines)),
-            threading.Thread(target=self._read, args=(self.process.stderr, self._errors)),
-        ]
-        for reader in self._readers:
-            reader.daemon = True
-            reader.start()
 
-    @staticmethod
-    def _read(stream: IO[bytes] | None, sink: list[str]) -> None:
-        assert stream is not None
-        for raw in stream:
-            sink.append(raw.decode(errors="replace").rstrip("\n"))
+    @property
+    def lines(self) -> list[str]:
+        """What it printed on stdout so far."""
+        return self.child.stdout_lines
 
     def write_lines(self, lines: list[str]) -> None:
-        assert self.process.stdin is not None
-        self.process.stdin.write("".join(f"{line}\n" for line in lines).encode())
-        self.process.stdin.flush()
+        self.child.write("".join(f"{line}\n" for line in lines).encode())
 
     def close_stdin(self) -> None:
-        assert self.process.stdin is not None
-        self.process.stdin.close()
+        self.child.close_stdin()
 
     def wait_exit(self, timeout: float) -> int:
-        try:
-            return self.process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"{self.args[0]} did not exit within {timeout}s") from None
+        return self.child.wait(timeout)
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(sig)
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        if sig == signal.SIGKILL:
+            self.child.kill()
+        self.child.stop(15)
 
     def stderr(self) -> str:
         """What the program logged so far (for failure messages)."""
-        return "\n".join(self._errors) or "(nothing on stderr)"
+        return "\n".join(self.child.stderr_lines) or "(nothing on stderr)"
 
 
 def stored_heads(db: Path, topic: str) -> list[int] | None:
@@ -137,6 +112,7 @@ def network(tmp_path: Path) -> Iterator[tuple[Path, Path, Path]]:
     store_b.write_text(zpl(tower_sub, tower_pub, tmp_path / "db-b"))
     tower = Program("dafka-towerd", "-c", str(common))
     try:
+        tower.child.wait_line("listening", 20)
         yield common, store_a, store_b
     finally:
         tower.stop()

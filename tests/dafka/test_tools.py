@@ -3,17 +3,11 @@ dafka-stored, dafka-console-producer/-consumer, dafka-perf-store/-consumer."""
 
 from __future__ import annotations
 
-import os
-import queue
 import re
-import signal
-import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
 
 import pytest
 import structlog
@@ -26,80 +20,50 @@ from backends.dafka.tools import (
     stored,
     towerd,
 )
+from backends.process import ProcessError, spawn
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 class Proc:
-    """A tool run as `python -m backends.dafka.tools.<name>`, its output read by threads."""
+    """A tool run as `python -m backends.dafka.tools.<name>` (dies with the test run)."""
 
     def __init__(self, name: str, *args: str, stdin: bytes | None = None) -> None:
         self.name = name
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
-        self.popen = subprocess.Popen(
+        self.child = spawn(
             [sys.executable, "-m", f"backends.dafka.tools.{name}", *args],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=env,
+            name=name,
+            env={"PYTHONPATH": str(ROOT)},
             cwd=ROOT,
+            stdin=True,
+            keep_lines=None,
         )
-        self.stdout: queue.Queue[str] = queue.Queue()
-        self.stderr_lines: list[str] = []
-        self._readers = [
-            threading.Thread(target=self._read, args=(self.popen.stdout, self.stdout.put)),
-            threading.Thread(target=self._read, args=(self.popen.stderr, self.stderr_lines.append)),
-        ]
-        for reader in self._readers:
-            reader.start()
-        assert self.popen.stdin is not None
         if stdin is not None:
-            self.popen.stdin.write(stdin)
-        self.popen.stdin.close()
+            self.child.write(stdin)
+        self.child.close_stdin()
+        self._read = 0  # stdout lines handed out by line()
 
-    @staticmethod
-    def _read(stream: IO[bytes] | None, sink: object) -> None:
-        assert stream is not None
-        for raw in stream:
-            sink(raw.decode(errors="replace").rstrip("\n"))  # type: ignore[operator]
+    @property
+    def stderr_lines(self) -> list[str]:
+        return self.child.stderr_lines
 
     def line(self, timeout: float) -> str:
-        try:
-            return self.stdout.get(timeout=timeout)
-        except queue.Empty:
-            raise AssertionError(
-                f"{self.name} printed nothing within {timeout} s; stderr: {self.stderr_lines}"
-            ) from None
+        """The next stdout line."""
+        self._read += 1
+        return self.child.wait_lines(self._read, timeout)[self._read - 1]
 
     def stderr_match(self, pattern: str, timeout: float) -> re.Match[str]:
-        deadline = threading.Event()
-        timer = threading.Timer(timeout, deadline.set)
-        timer.start()
-        try:
-            while not deadline.wait(0.02):
-                for text in list(self.stderr_lines):
-                    if match := re.search(pattern, text):
-                        return match
-                if self.popen.poll() is not None:
-                    break
-        finally:
-            timer.cancel()
-        raise AssertionError(f"{self.name}: no {pattern!r} on stderr: {self.stderr_lines}")
+        return self.child.wait_line(pattern, timeout, stream="stderr")
 
     def wait(self, timeout: float) -> int:
         try:
-            code = self.popen.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.popen.kill()
-            self.popen.wait()
+            return self.child.wait(timeout)
+        except ProcessError:
+            self.child.stop(0)
             raise AssertionError(f"{self.name} did not exit; stderr: {self.stderr_lines}") from None
-        for reader in self._readers:
-            reader.join()
-        return code
 
     def stop(self, timeout: float = 10) -> int:
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
+        self.child.terminate()
         return self.wait(timeout)
 
 
