@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import structlog
 
@@ -27,6 +27,7 @@ from backends.base import (
     Stats,
 )
 from backends.dafka.config import Config as DafkaConfig
+from backends.dafka.embedded import EmbeddedNetwork, EmbeddedNetworkError
 from backends.dafka.groups import Group, Member
 from backends.dafka.observer import NotSettled, Observer
 from backends.dafka.offsets import OFFSETS_TOPIC, CommitLog
@@ -38,6 +39,10 @@ from backends.dafka.settings import RESETS, DafkaSettings
 log = structlog.get_logger("rafka.dafka.engine")
 
 STOPPED = "Engine stopped"
+# The embedded stores keep commits a week; a snapshot of every offset is written far more
+# often (at start and every dafka.snapshot_interval), so no live offset is ever lost.
+OFFSETS_RETENTION = f"store/topics/{OFFSETS_TOPIC}/retention/ms"
+OFFSETS_RETENTION_MS = 7 * 24 * 3600 * 1000
 
 
 class Network:
@@ -62,7 +67,43 @@ class JoinedNetwork(Network):
         self.stores = settings.min_stores
 
 
-NetworkFactory = Callable[[DafkaSettings], Network]
+class EmbeddedMode(Network):
+    """A tower and `dafka.stores` stores as child processes over `dafka.data_dir`."""
+
+    def __init__(self, settings: DafkaSettings, stop_timeout: float) -> None:
+        store_settings = {OFFSETS_RETENTION: str(OFFSETS_RETENTION_MS)}
+        actor_settings: dict[str, str] = {}
+        for path, value in settings.settings.items():
+            target = store_settings if path.startswith("store/") else actor_settings
+            target[path] = value
+        self._actor_settings = actor_settings
+        self._stop_timeout = stop_timeout
+        self._network = EmbeddedNetwork(
+            settings.data_dir,
+            stores=settings.stores,
+            store_settings=store_settings,
+            ready_timeout=settings.start_timeout,
+        )
+        self.stores = settings.stores
+
+    async def start(self) -> None:
+        try:
+            await self._network.start_async()
+        except EmbeddedNetworkError as error:
+            raise EngineError(str(error)) from None
+        config = self._network.config
+        for path, value in self._actor_settings.items():
+            config.set(path, value)
+        self.config = config
+
+    async def stop(self) -> None:
+        await self._network.stop_async(self._stop_timeout)
+
+
+def network_for(settings: DafkaSettings, stop_timeout: float = 10.0) -> Network:
+    if settings.joined:
+        return JoinedNetwork(settings)
+    return EmbeddedMode(settings, stop_timeout)
 
 
 class DafkaEngine(Engine):
@@ -79,7 +120,7 @@ class DafkaEngine(Engine):
         self.settings = settings
         self.consume_batch = consume_batch
         self._stop_flush_timeout = stop_flush_timeout
-        self._network = network if network is not None else JoinedNetwork(settings)
+        self._network = network if network is not None else network_for(settings)
         self.partition_map = PartitionMap()
         self._partitioner = make_partitioner(settings.partitioner)
         self.offsets = CommitLog()

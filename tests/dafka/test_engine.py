@@ -258,3 +258,30 @@ def test_acks_all_waits_until_every_store_holds_the_record(
             await asyncio.to_thread(second.close)
 
     run(body())
+
+
+def test_embedded_engine_keeps_records_and_commits_across_restarts(tmp_path: Path) -> None:
+    """No tower configured: the engine runs its own tower and store over a data directory."""
+    settings = DafkaSettings(
+        data_dir=str(tmp_path / "data"),
+        partitions=1,
+        commit_interval=0.1,
+        settings={"beacon/interval": "100"},
+    )
+
+    async def body() -> None:
+        for round_ in range(2):
+            engine = DafkaEngine(Stats(), settings, stop_flush_timeout=0.5)
+            await engine.start()
+            try:
+                producer = engine.producer("s")
+                producer.produce_many("t", None, [b"r%d" % round_])
+                assert await producer.flush(WAIT) == 0
+                member = await engine.consumer("g", "c", ["t"], {})
+                [record] = await take(member, 1)
+                assert (record.value, record.offset) == (b"r%d" % round_, round_)
+                await member.close()
+            finally:
+                await engine.stop()
+
+    run(body())
