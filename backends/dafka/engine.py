@@ -248,7 +248,7 @@ class DafkaEngine(Engine):
 
     def writer(self, topic: str, number: int) -> PartitionWriter:
         writer = self._writers.get((topic, number))
-        if writer is None:
+        if writer is None or writer.failed is not None:  # a failed one: try again
             writer = self._writers[(topic, number)] = PartitionWriter(self, topic, number)
             self._by_address[(topic, writer.address)] = writer
         return writer
@@ -410,6 +410,8 @@ class DafkaEngine(Engine):
     # --- metadata --------------------------------------------------------------------------
 
     async def topics(self) -> list[str]:
+        """Every topic a store or a live producer knows, the internal offsets topic too
+        (as Kafka's listing shows __consumer_offsets)."""
         if not self._started or self.stopped:
             raise MetadataError(STOPPED)
         try:
@@ -418,4 +420,4 @@ class DafkaEngine(Engine):
             )
         except NotSettled as error:
             raise MetadataError(str(error)) from None
-        return sorted(t for t in self.observer.topics() if t != OFFSETS_TOPIC)
+        return sorted(self.observer.topics())

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 QUEUE_FULL = "Local: Queue full"
+INTERNAL_PREFIX = "__rafka"
 INVALID_TOPIC = "Broker: Invalid topic"
 STOPPED = "Engine stopped"
 ASK_INTERVAL = 0.02  # seconds between two questions to the stores during a DUMP (acks: all)
@@ -73,6 +74,8 @@ class PartitionWriter:
         except Exception as error:
             self.failed = f"Local: Transport failure: {error}"
             log.error("cannot start partition writer", topic=self.topic, error=str(error))
+            engine.stats.incr(Stats.DELIVERY_ERRORS, len(self._waiting))
+            self._waiting = []
             engine.progress()
             return
         waiting, self._waiting = self._waiting, []
@@ -153,6 +156,8 @@ class ProducerHandle(Producer):
             check_topic(topic)
         except ValueError:
             raise ProduceError(INVALID_TOPIC) from None
+        if topic.startswith(INTERNAL_PREFIX):
+            raise ProduceError(INVALID_TOPIC)  # commits must not be forged
         writer = self._engine.writer_for(topic, key)
         end = writer.submit(values)
         start = end - len(values)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import zmq
 
-from backends.base import AckError, Record, Stats
+from backends.base import AckError, ProduceError, Record, Stats
 from backends.dafka.config import Config
 from backends.dafka.engine import DafkaEngine
 from backends.dafka.groups import Member
@@ -80,6 +80,8 @@ def test_dump_waits_for_the_store_and_keys_pick_one_partition(network: Config) -
             producer.produce_many("t", b"k1", [b"a", b"b", b"c"])
             producer.produce("t", None, b"d")
             assert producer.outstanding() == 4
+            with pytest.raises(ProduceError, match="Broker: Invalid topic"):
+                producer.produce("__rafka_offsets", None, b"forged commit")
             assert await producer.flush(WAIT) == 0
             assert engine.stats.get(Stats.DELIVERED) == 4
             member = await engine.consumer("g", "c1", ["t"], {})
@@ -163,7 +165,7 @@ def test_foreign_producer_records_are_consumable(network: Config) -> None:
                 [record] = await take(member, 1)
                 assert record.partition == foreign_number(foreign.address)
                 assert record.value == b"x"
-                assert await engine.topics() == ["t"]
+                assert "t" in await engine.topics()
                 await member.close()
             finally:
                 await asyncio.to_thread(foreign.close, 1.0)
