@@ -26,6 +26,8 @@ DEFAULTS: dict[str, str] = {
     "consumer/offset/reset": "latest",
     "consumer/verbose": "0",
     "consumer/high_watermark": "1000000",
+    # Not in C (issue 7), ms; README "Settings beyond C" says what it costs.
+    "consumer/heads_interval": "5000",  # earliest: GET_HEADS backoff cap; 0 = only once
     "store/db": "storedb",
     "store/verbose": "0",
     "store/high_watermark": "1000000",

@@ -109,6 +109,22 @@ class TestPeer:
     def send_store_hello(self, consumer_address: str) -> None:
         self.send(Message(proto.STORE_HELLO, consumer_address.encode(), address=self.address))
 
+    def send_get_heads(self, topic: str) -> None:
+        """As an earliest consumer (ours or C's when it subscribes): heads of `topic`, please."""
+        self.send(Message(proto.GET_HEADS, topic.encode(), address=self.address))
+
+    def send_direct_head(self, requester: str, topic: str, seq: int) -> None:
+        """As a store reader: our partition of `topic` is stored up to `seq`."""
+        self.send(
+            Message(
+                proto.DIRECT_HEAD,
+                requester.encode(),
+                address=self.address,
+                subject=topic,
+                sequence=seq,
+            )
+        )
+
     # --- receiving -------------------------------------------------------------------------
 
     def recv(self, timeout: float = 5.0) -> Message:
