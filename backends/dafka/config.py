@@ -33,6 +33,8 @@ DEFAULTS: dict[str, str] = {
     "store/db": "storedb",
     "store/verbose": "0",
     "store/high_watermark": "1000000",
+    "store/push_heads/interval": "1000",  # issue 7: DIRECT_HEAD to earliest consumers; 0 = off
+    "store/push_heads/duration": "10000",  # ... for this long after a partition changed
     "beacon/interval": "1000",
     "beacon/timeout": "4000",
     "beacon/ready_timeout": "10000",
