@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import signal
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,14 +19,24 @@ from tests.waiting import wait_until
 BIN = Path(sys.executable).parent
 
 
-def zpl(tower_sub: int, tower_pub: int, db: Path | None = None) -> str:
-    """A ZPL config on loopback only: nothing ever connects to another interface."""
+def zpl(
+    tower_sub: int,
+    tower_pub: int,
+    db: Path | None = None,
+    *,
+    towers: list[tuple[int, int]] | None = None,
+) -> str:
+    """A ZPL config on loopback only: nothing ever connects to another interface.
+    `towers`: the (sub, pub) ports the beacon uses, when not just this config's tower."""
+    beacon_towers = towers or [(tower_sub, tower_pub)]
+    subs = ",".join(f"tcp://127.0.0.1:{sub}" for sub, _ in beacon_towers)
+    pubs = ",".join(f"tcp://127.0.0.1:{pub}" for _, pub in beacon_towers)
     text = (
         "beacon\n"
         "    interval = 100\n"
         "    timeout = 2000\n"
-        f"    sub_address = tcp://127.0.0.1:{tower_sub}\n"
-        f"    pub_address = tcp://127.0.0.1:{tower_pub}\n"
+        f"    sub_address = {subs}\n"
+        f"    pub_address = {pubs}\n"
         "    address = 127.0.0.1\n"
         "tower\n"
         f"    sub_address = tcp://127.0.0.1:{tower_sub}\n"
@@ -169,6 +180,74 @@ def test_store_killed_mid_stream_loses_nothing_and_backfills_after_restart(
         programs.append(late)
         wait_until(lambda: len(late.lines) >= 2000, 30, "late consumer did not get all 2000")
         assert contents(late) == expected, "the restarted store lost or reordered records"
+    finally:
+        for program in reversed(programs):
+            program.stop()
+
+
+@pytest.mark.parametrize(
+    ("consumer_heads_interval", "store_push_interval"),
+    [(1000, 0), (0, 1000)],
+    ids=["consumer-asks-again", "store-pushes-heads"],
+)
+def test_live_earliest_consumer_gets_a_partition_it_cannot_hear_through_another_tower(
+    tmp_path: Path, consumer_heads_interval: int, store_push_interval: int
+) -> None:
+    """Issue 7. The store is on two towers, the consumer on the first, the producer on the
+    second: the consumer can never hear the producer's RECORDs or HEADs, and subscribed
+    (asking the store for heads) before the partition existed. Either the consumer's
+    repeated GET_HEADS or the store's pushed DIRECT_HEADs (a C consumer asks only once)
+    must deliver every record live, within the interval after the producer is gone.
+    (With both off the consumer gets 0 of 250, as the issue reports.)"""
+    interval = max(consumer_heads_interval, store_push_interval)
+    (a_sub, a_pub), (b_sub, b_pub) = (free_port(), free_port()), (free_port(), free_port())
+    settings = (
+        f"consumer\n    heads_interval = {consumer_heads_interval}\n"
+        f"store\n    push_heads\n        interval = {store_push_interval}\n"
+    )
+    tower_a, tower_b, store_cfg = (tmp_path / n for n in ("a.cfg", "b.cfg", "store.cfg"))
+    tower_a.write_text(zpl(a_sub, a_pub) + settings)
+    tower_b.write_text(zpl(b_sub, b_pub) + settings)
+    store_cfg.write_text(
+        zpl(a_sub, a_pub, tmp_path / "db", towers=[(a_sub, a_pub), (b_sub, b_pub)]) + settings
+    )
+    topic = "e2e-two-towers"
+    expected = [f"line-{i:03d}" for i in range(250)]
+    programs: list[Program] = []
+    try:
+        programs += [Program("dafka-towerd", "-c", str(cfg)) for cfg in (tower_a, tower_b)]
+        programs.append(Program("dafka-stored", "-c", str(store_cfg)))
+        consumer = Program("dafka-console-consumer", topic, "--from-beginning", "-c", str(tower_a))
+        programs.append(consumer)
+        # A record from the consumer's own tower proves it subscribed and hears the store.
+        warm_up = Program("dafka-console-producer", "-c", str(tower_a), topic, stdin=True)
+        programs.append(warm_up)
+        warm_up.write_lines(["warm-up"])
+        wait_until(lambda: contents(consumer) == ["warm-up"], 30, "no warm-up record")
+        warm_up.close_stdin()
+        assert warm_up.wait_exit(30) == 0, warm_up.stderr()
+
+        producer = Program("dafka-console-producer", "-c", str(tower_b), topic, stdin=True)
+        programs.append(producer)
+        producer.write_lines(expected)
+        producer.close_stdin()
+        # It exits once the store acknowledged every record: they are all stored now.
+        assert producer.wait_exit(30) == 0, producer.stderr()
+        gone = time.monotonic()
+        try:
+            wait_until(
+                lambda: len(consumer.lines) >= 1 + len(expected),
+                interval / 1000 + 10,
+                "the live consumer did not get every record",
+            )
+        except AssertionError as exc:
+            got = len(consumer.lines) - 1
+            raise AssertionError(f"{exc}: {got} of {len(expected)}") from None
+        late = time.monotonic() - gone
+        assert contents(consumer) == ["warm-up", *expected]
+        # The interval, plus a FETCH round trip and process scheduling on a busy machine.
+        assert late < interval / 1000 + 1.5, f"delivered {late:.2f} s after the producer left"
+        print(f"delivered {late:.2f} s after the producer left (interval {interval} ms)")
     finally:
         for program in reversed(programs):
             program.stop()

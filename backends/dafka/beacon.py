@@ -272,15 +272,24 @@ def apply_events(events: list[Event], *sockets: zmq.Socket) -> None:
                     sock.disconnect(endpoint)
 
 
-def new_subscribers(xpub: zmq.Socket, msg_id: int) -> Iterator[bytes]:
-    """Drain an XPUB's pending subscription events and yield, for each new subscription to
-    `msg_id` messages, the rest of its prefix (the subscriber's uuid in Dafka's handshakes,
-    spec §1.5). Unsubscriptions and other ids are consumed and ignored."""
+def subscription_events(xpub: zmq.Socket) -> Iterator[proto.XpubEvent]:
+    """Drain an XPUB's pending (un)subscription events (spec §1.5). A verbose XPUB reports
+    every subscription, but an unsubscription only when no subscriber is left for it
+    (e.g. the SUB of a node whose uuid it names disconnected)."""
     while True:
         try:
             frame = xpub.recv(zmq.NOBLOCK)
         except zmq.Again:
             return
         event = proto.decode_xpub_event(frame)
-        if event is not None and event.is_subscribe and event.id == msg_id:
+        if event is not None:
+            yield event
+
+
+def new_subscribers(xpub: zmq.Socket, msg_id: int) -> Iterator[bytes]:
+    """Drain an XPUB's pending subscription events and yield, for each new subscription to
+    `msg_id` messages, the rest of its prefix (the subscriber's uuid in Dafka's handshakes,
+    spec §1.5). Unsubscriptions and other ids are consumed and ignored."""
+    for event in subscription_events(xpub):
+        if event.is_subscribe and event.id == msg_id:
             yield event.rest

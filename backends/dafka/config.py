@@ -23,12 +23,18 @@ DEFAULTS: dict[str, str] = {
     "producer/terminate_unacked": "0",
     "producer/head_interval": "1000",
     "producer/high_watermark": "1000000",
+    # Not in C (issue 7), ms; README "Settings beyond C" says what each costs.
+    "producer/subscribe_settle": "200",  # the first RECORDs wait this long after start
+    "producer/close_timeout": "30000",  # close() waits this long for ACKs; -1 = forever
     "consumer/offset/reset": "latest",
     "consumer/verbose": "0",
     "consumer/high_watermark": "1000000",
+    "consumer/heads_interval": "5000",  # issue 7: earliest GET_HEADS backoff cap; 0 = once
     "store/db": "storedb",
     "store/verbose": "0",
     "store/high_watermark": "1000000",
+    "store/push_heads/interval": "1000",  # issue 7: DIRECT_HEAD to earliest consumers; 0 = off
+    "store/push_heads/duration": "10000",  # ... for this long after a partition changed
     "beacon/interval": "1000",
     "beacon/timeout": "4000",
     "beacon/ready_timeout": "10000",

@@ -12,7 +12,13 @@ order, each at most once per consumer lifetime. On top of C's behaviour:
   `consumer/gap_buffer` per partition) and delivered once the gap closes (§10.14);
 - `seek()` to start a partition at a given sequence, and the retention-tail rule: in
   earliest mode a FETCH answer starting above 0 on a fresh partition means the stores no
-  longer keep anything older, so the partition starts there.
+  longer keep anything older, so the partition starts there;
+- in earliest mode, GET_HEADS again after subscribing, with a backoff from
+  `_HEADS_FIRST_RETRY_MS` doubling up to `consumer/heads_interval` ms, then at that
+  interval for as long as the subscription lasts. C asks only once, at subscribe: a
+  partition whose producer we never hear (its RECORDs and HEADs went out before our
+  subscription reached it, or it is connected through another tower) and that the stores
+  had not committed yet when they answered was never fetched (issue 7).
 
 Threading: every socket lives in the actor thread. User calls travel as commands over an
 inproc PAIR (a wake-up byte) plus a deque, and wait for the actor's answer.
@@ -54,6 +60,10 @@ _UNPACK_SEQ = struct.Struct(">Q").unpack_from
 _instances = itertools.count()
 _DIRECT_ID = proto.DIRECT_RECORD
 _CALL_POLL = 0.5  # seconds between "is the actor still alive" checks of a waiting call
+# The first GET_HEADS after the one at subscribe: soon, because a partition is most often
+# missed right after subscribing (its producer started at about the same time).
+_HEADS_FIRST_RETRY_MS = 100
+_NEVER = 2**62
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +127,7 @@ class Consumer:
         self._hwm = config.get_int("consumer/high_watermark", 1_000_000)
         self._retry_interval = max(10, config.get_int("consumer/fetch_retry_interval", 500))
         self._gap_buffer = max(0, config.get_int("consumer/gap_buffer", 100_000))
+        self._heads_interval = max(0, config.get_int("consumer/heads_interval"))
 
         self._lock = threading.Lock()
         self._commands: collections.deque[tuple[str, tuple[Any, ...], Future[Any]]] = (
@@ -280,6 +291,10 @@ class _Actor:
         self.seeks: dict[tuple[str, str], int] = {}
         self.gapped: set[_Partition] = set()
         self.filter = FetchFilter()
+        self.heads_interval = owner._heads_interval if self.earliest else 0
+        # topic -> (when to send GET_HEADS next, the delay that led there), now_ms clock
+        self.heads_due: dict[str, tuple[int, int]] = {}
+        self.next_heads = _NEVER
 
     # -- loop ---------------------------------------------------------------------------
 
@@ -296,6 +311,7 @@ class _Actor:
             deadline = beacon.next_deadline_ms()
             if self.gapped:
                 deadline = min(deadline, now + max(1, self.retry_interval // 2))
+            deadline = min(deadline, self.next_heads)
             wait = 0 if busy else max(0, min(deadline - now, 1000))
             events = dict(poller.poll(wait))
             if pipe in events and self._commands(pipe):
@@ -308,6 +324,8 @@ class _Actor:
             now = now_ms()
             if self.gapped:
                 self._retry(now)
+            if now >= self.next_heads:
+                self._ask_heads(now)
             apply_events(beacon.tick(now), sub)
 
     def _commands(self, pipe: zmq.Socket) -> bool:
@@ -338,7 +356,12 @@ class _Actor:
         self.subjects[topic] = None
         if self.earliest:
             # Reaches the store readers connected now; later ones get the hello handshake.
-            self._send(proto.Message(proto.GET_HEADS, topic.encode(), address=self.uuid))
+            self._get_heads(topic)
+            if self.heads_interval > 0:
+                first = min(_HEADS_FIRST_RETRY_MS, self.heads_interval)
+                due = now_ms() + first
+                self.heads_due[topic] = (due, first)
+                self.next_heads = min(self.next_heads, due)
 
     def _cmd_unsubscribe(self, topic: str) -> None:
         if topic not in self.subjects:
@@ -346,6 +369,7 @@ class _Actor:
         self.sub.setsockopt(zmq.UNSUBSCRIBE, _exact(proto.RECORD, topic))
         self.sub.setsockopt(zmq.UNSUBSCRIBE, _exact(proto.HEAD, topic))
         del self.subjects[topic]
+        self.heads_due.pop(topic, None)
         # Offsets stay (a later subscribe continues where this one stopped); buffers and
         # retries go.
         # In place: a sink may unsubscribe in the middle of _drain_sub's batch, which
@@ -512,6 +536,24 @@ class _Actor:
                 proto.CONSUMER_HELLO, reader.encode(), address=self.uuid, subjects=subjects
             )
         )
+
+    def _get_heads(self, topic: str) -> None:
+        self._send(proto.Message(proto.GET_HEADS, topic.encode(), address=self.uuid))
+
+    def _ask_heads(self, now: int) -> None:
+        """GET_HEADS for every topic whose turn it is; each waits twice as long next time,
+        up to the interval. The stores answer one DIRECT_HEAD per partition: those we
+        know and have caught up with cost nothing more, a missed one is FETCHed."""
+        interval = self.heads_interval
+        next_heads = _NEVER
+        for topic, (due, delay) in list(self.heads_due.items()):
+            if now >= due:
+                self._get_heads(topic)
+                delay = min(delay * 2, interval)
+                due = now + delay
+                self.heads_due[topic] = (due, delay)
+            next_heads = min(next_heads, due)
+        self.next_heads = next_heads
 
     def _fetch(self, part: _Partition) -> None:
         seq = part.last + 1

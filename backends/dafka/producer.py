@@ -5,6 +5,17 @@ bound PUB, kept in memory (UnackedList) until any store ACKs them, and re-sent f
 DIRECT_RECORD when someone FETCHes them. Once something was published, a HEAD carrying the
 last sequence goes out every `producer/head_interval` ms.
 
+Beyond C (issue 7):
+- the first records wait `producer/subscribe_settle` ms after the producer started. A C
+  store ACKs a record only once, when it stores it; if that ACK leaves before our SUB's
+  subscription `K<uuid>` has reached the store's PUB (ZeroMQ's slow joiner: discovery
+  connects both ways at the same moment), it is lost and the producer waits forever.
+  Holding the first records gives the beacon round trip, the connect and the
+  subscription time to land; later records are never held.
+- a last HEAD on the way out, so a consumer that missed the records (and every HEAD) of a
+  short-lived producer still learns the partition exists and fetches it from the stores;
+- close() waits for ACKs at most `producer/close_timeout` ms and says so when it gives up.
+
 Threading: `publish()` may be called from any thread. It appends to a deque and wakes the
 actor over an inproc PAIR only when the actor is not already due to look at the deque, so a
 burst of publishes costs one wake-up; the actor drains everything it finds per wake-up.
@@ -38,6 +49,9 @@ log = structlog.get_logger(__name__)
 _BATCH = 100_000
 _PACK_SEQ = struct.Struct(">Q").pack
 _instances = itertools.count()
+# How long the PUB may keep the last HEAD after close: long enough to reach the wire, short
+# enough not to hold up a context termination.
+_LAST_HEAD_LINGER_MS = 200
 
 # Commands on the user → actor pipe.
 _WAKE = b"P"
@@ -82,6 +96,9 @@ class Producer:
         self._terminate_unacked = config.get_int("producer/terminate_unacked", 0) == 1
         self._head_interval = max(1, config.get_int("producer/head_interval", 1000))
         self._hwm = config.get_int("producer/high_watermark", 1_000_000)
+        self._settle = max(0, config.get_int("producer/subscribe_settle"))
+        close_timeout = config.get_int("producer/close_timeout")
+        self._close_timeout = math.inf if close_timeout < 0 else close_timeout / 1000
 
         # Shared with the actor; `_lock` guards the deque hand-over and the user pipe end.
         self._lock = threading.Lock()
@@ -150,20 +167,31 @@ class Producer:
         """Stop, after waiting up to `timeout` seconds for ACKs; returns records left unacked.
 
         `timeout=None` follows the config: with `producer/terminate_unacked` = 1 stop at
-        once, else wait until every record is acknowledged (as C does).
+        once, else wait until every record is acknowledged, at most
+        `producer/close_timeout` ms (C waits forever), and log an error if some were not.
         """
         with self._lock:
             if self._closed:
                 return self._left
             self._closed = True
             if timeout is None:
-                deadline = time.monotonic() if self._terminate_unacked else math.inf
+                wait = 0.0 if self._terminate_unacked else self._close_timeout
             else:
-                deadline = time.monotonic() + max(0.0, timeout)
-            self._term_deadline = deadline
+                wait = max(0.0, timeout)
+            self._term_deadline = time.monotonic() + wait
             self._signal(_TERM)
         self._thread.join()
         self._pipe.close()
+        if self._left and timeout is None and not self._terminate_unacked:
+            log.error(
+                "dafka producer closed with records no store acknowledged",
+                producer=self.address,
+                topic=self.topic,
+                unacked=self._left,
+                waited_s=self._close_timeout,
+                hint="is a store running and connected to this producer's tower? "
+                "(the wait is producer/close_timeout)",
+            )
         return self._left
 
     # -- actor --------------------------------------------------------------------------
@@ -222,6 +250,7 @@ class Producer:
         next_seq = first  # what unacked.push() will return next
         next_head = math.inf  # ms; the HEAD timer starts with the first record
         terminating = False
+        hold_until = now_ms() + self._settle  # no RECORD before (see the module docstring)
 
         poller = zmq.Poller()
         poller.register(pipe, zmq.POLLIN)
@@ -232,8 +261,8 @@ class Producer:
             now = now_ms()
             wait = min(next_head, beacon.next_deadline_ms()) - now
             if queue:
-                wait = 0
-            elif terminating:
+                wait = 0 if now >= hold_until else min(wait, hold_until - now)
+            if terminating:
                 # Wake up for the close() deadline even when nothing else happens.
                 wait = min(wait, max(0, (self._term_deadline - time.monotonic()) * 1000))
             events = dict(poller.poll(int(max(0, min(wait, 1000)))))
@@ -261,7 +290,11 @@ class Producer:
                 if self._on_ack is not None and unacked.last_acked != acked:
                     self._on_ack(unacked.last_acked)
 
-            if queue:
+            if hold_until and (
+                now_ms() >= hold_until or (terminating and time.monotonic() >= self._term_deadline)
+            ):
+                hold_until = 0  # for good: only the first records wait
+            if queue and not hold_until:
                 taken = 0
                 popleft = queue.popleft
                 push = unacked.push
@@ -282,14 +315,7 @@ class Producer:
 
             now = now_ms()
             if now >= next_head:
-                head = proto.Message(
-                    proto.HEAD,
-                    self._topic_bytes,
-                    address=self.address,
-                    subject=topic,
-                    sequence=next_seq - 1,
-                )
-                pub.send_multipart(proto.encode(head))
+                self._head(pub, next_seq - 1)
                 next_head = now + self._head_interval
             apply_events(beacon.tick(now), sub)
 
@@ -297,7 +323,23 @@ class Producer:
                 left = len(unacked)
                 if left == 0 or time.monotonic() >= self._term_deadline:
                     self._left = left
+                    if next_seq:
+                        # A consumer that missed every RECORD and HEAD of a short-lived
+                        # producer (its subscription arrived late) learns from this one
+                        # that the partition exists, and fetches it from the stores.
+                        self._head(pub, next_seq - 1)
+                        pub.linger = _LAST_HEAD_LINGER_MS
                     return
+
+    def _head(self, pub: zmq.Socket, sequence: int) -> None:
+        head = proto.Message(
+            proto.HEAD,
+            self._topic_bytes,
+            address=self.address,
+            subject=self.topic,
+            sequence=sequence,
+        )
+        pub.send_multipart(proto.encode(head))
 
     def _handle_sub(
         self,

@@ -24,11 +24,16 @@ producer HEAD at or below the stored head is answered with ACK(stored head) at o
 lost ACK does not leave the producer holding its records forever; and the writer learns
 heads from the other stores' readers (hello handshake, then GET_HEADS every
 `store/heads_interval` ms, default 5000) and FETCHes what they hold beyond its own heads,
-so a store restarted after every producer is gone still back-fills (see `_Writer._hello`).
+so a store restarted after every producer is gone still back-fills (see `_Writer._hello`);
+and for `store/push_heads/duration` ms after a partition changed, every
+`store/push_heads/interval` ms, the reader sends its DIRECT_HEAD to the earliest consumers
+that asked for heads of its topic, so a C consumer (which asks only at subscribe) still
+learns of a partition it missed (see `head_push.py`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import struct
 import threading
 import time
@@ -46,9 +51,11 @@ from backends.dafka.beacon import (
     bind_data_socket,
     new_subscribers,
     now_ms,
+    subscription_events,
 )
 from backends.dafka.config import Config, ConfigError
 from backends.dafka.fetch_filter import FetchFilter
+from backends.dafka.head_push import HeadPush
 from backends.dafka.storage import Retention, Storage, partition_prefix
 
 log = structlog.get_logger(__name__)
@@ -128,6 +135,9 @@ class Store:
         # DB locked or the actors running.
         policy = retention_policy(config)
         interval = max(1, config.get_int("store/retention/check_interval", 300_000))
+        self.push = HeadPush(
+            config.get_int("store/push_heads/interval"), config.get_int("store/push_heads/duration")
+        )
         self.storage = Storage(config.get("store/db"), sync=config.get_int("store/sync", 1) != 0)
         self._closed = False
         self._lock = threading.Lock()
@@ -573,6 +583,9 @@ class _Writer(_Actor):
         for part in touched:
             part.saved = None
             send(part.ack_prefix + _PACK_SEQ(part.head))
+        push = self.store.push
+        if push.watching:
+            push.changed((part.subject, part.partition, part.head) for part in touched)
 
 
 class _Reader(_Actor):
@@ -581,6 +594,7 @@ class _Reader(_Actor):
     def __init__(self, store: Store) -> None:
         super().__init__(store, store.reader_address)
         self.writer_uuid = store.address
+        self.push = store.push
 
     def _open(self) -> list[zmq.Socket]:
         ctx = self.context
@@ -601,8 +615,11 @@ class _Reader(_Actor):
         poller = zmq.Poller()
         for sock in (pipe, self.xpub, self.sub, beacon.socket):
             poller.register(sock, zmq.POLLIN)
+        push = self.push
+        never = 2**62
+        next_push = now_ms() + push.interval if push.enabled else never
         while True:
-            wait = beacon.next_deadline_ms() - now_ms()
+            wait = min(beacon.next_deadline_ms(), next_push) - now_ms()
             events = dict(poller.poll(max(0, min(wait, 1000))))
             if pipe in events:
                 return
@@ -612,15 +629,28 @@ class _Reader(_Actor):
                 self._on_subscriptions()
             if self.sub in events:
                 self._on_requests()
-            apply_events(beacon.tick(now_ms()), self.sub)
+            now = now_ms()
+            if now >= next_push:
+                next_push = now + push.interval
+                for consumer, subject, partition, head in push.due(now):
+                    # A name the wire cannot carry (e.g. a NUL) loses its push, not the reader.
+                    with contextlib.suppress(proto.MalformedMessage):
+                        self._direct_head(consumer.encode(), subject, partition, head)
+            apply_events(beacon.tick(now), self.sub)
 
     def _on_subscriptions(self) -> None:
-        """A consumer's SUB subscribed `L<consumer>`: greet it with STORE_HELLO (§1.5)."""
-        for consumer in new_subscribers(self.xpub, proto.STORE_HELLO):
+        """A consumer's SUB subscribed `L<consumer>`: greet it with STORE_HELLO (§1.5).
+        Its `E<consumer>` left: the consumer is gone, push it no more heads."""
+        for event in subscription_events(self.xpub):
+            consumer = event.rest
             if not consumer or b"\0" in consumer:
                 continue
-            hello = proto.Message(proto.STORE_HELLO, consumer, address=self.uuid)
-            self.xpub.send_multipart(proto.encode(hello))
+            if event.is_subscribe and event.id == proto.STORE_HELLO:
+                hello = proto.Message(proto.STORE_HELLO, consumer, address=self.uuid)
+                self.xpub.send_multipart(proto.encode(hello))
+            elif not event.is_subscribe and event.id == proto.DIRECT_HEAD:
+                with contextlib.suppress(UnicodeDecodeError):
+                    self.push.forget(consumer.decode())
 
     def _on_requests(self) -> None:
         for _ in range(_READER_CHUNK):
@@ -635,9 +665,13 @@ class _Reader(_Actor):
                 if msg.id == proto.FETCH:
                     self._on_fetch(msg)
                 elif msg.id == proto.GET_HEADS:
-                    self._send_heads(msg.address, msg.topic.decode())
+                    subject = msg.topic.decode()
+                    # Watch before reading the heads: see head_push.py's docstring.
+                    self.push.watch(msg.address, subject)
+                    self._send_heads(msg.address, subject)
                 elif msg.id == proto.CONSUMER_HELLO:
                     for subject in msg.subjects:
+                        self.push.watch(msg.address, subject)
                         self._send_heads(msg.address, subject)
             except (proto.MalformedMessage, UnicodeDecodeError) as error:
                 if self.verbose:
@@ -682,13 +716,11 @@ class _Reader(_Actor):
         else:
             heads = self.storage.partitions()
         topic = requester.encode()
-        send = self.xpub.send_multipart
         for subject_b, partition, head in heads:
-            reply = proto.Message(
-                proto.DIRECT_HEAD,
-                topic,
-                address=partition.decode(),
-                subject=subject_b.decode(),
-                sequence=head,
-            )
-            send(proto.encode(reply))
+            self._direct_head(topic, subject_b.decode(), partition.decode(), head)
+
+    def _direct_head(self, requester: bytes, subject: str, partition: str, head: int) -> None:
+        reply = proto.Message(
+            proto.DIRECT_HEAD, requester, address=partition, subject=subject, sequence=head
+        )
+        self.xpub.send_multipart(proto.encode(reply))

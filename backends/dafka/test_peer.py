@@ -10,6 +10,13 @@ waits that replace upstream's sleeps:
   node is connected to us and will receive what we send with that prefix;
 - `wait_connected(address)`: our SUB finished the handshake with node `address`'s data
   socket, i.e. we will receive what it publishes from now on.
+
+With `c_store=True` it also plays a C store writer (spec §5.3) the way it matters to a
+producer: it keeps each partition's records contiguously in memory, FETCHes a gap from its
+head + 1 (on RECORD and HEAD, through the fetch filter), and ACKs a partition only when it
+stored something new, never again for a HEAD it already holds. `slow_join_ms` delays when
+a subscription on our XPUB counts for those ACKs: ZeroMQ's slow joiner, where a PUB drops
+what it sends before the subscriber's subscription reached it.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from zmq.utils.monitor import recv_monitor_message
 from backends.dafka import proto
 from backends.dafka.beacon import Beacon, apply_events, bind_data_socket, now_ms
 from backends.dafka.config import Config
+from backends.dafka.fetch_filter import FetchFilter
 from backends.dafka.proto import MalformedMessage, Message
 
 log = structlog.get_logger(__name__)
@@ -40,8 +48,21 @@ class TestPeer:
 
     __test__ = False  # not a pytest test class
 
-    def __init__(self, config: Config, context: zmq.Context | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        context: zmq.Context | None = None,
+        *,
+        c_store: bool = False,
+        slow_join_ms: int = 0,
+    ) -> None:
         self.address = uuid.uuid4().hex.upper()
+        self._c_store = c_store
+        self._slow_join = slow_join_ms / 1000
+        self._stored: dict[tuple[str, str], list[bytes]] = {}  # c_store: (topic, partition)
+        self._filter = FetchFilter()
+        self.acks_sent = 0  # c_store: ACKs our XPUB had a subscription for …
+        self.acks_dropped = 0  # … and those the slow joiner lost
         self._config = config
         self._context = context or zmq.Context.instance()
         self._verbose = config.get_bool("test/verbose")
@@ -49,6 +70,7 @@ class TestPeer:
         self._received: queue.Queue[Message] = queue.Queue()
         self._state = threading.Condition()
         self._subscriptions: list[bytes] = []  # every XPUB subscribe event, flag stripped
+        self._subscribed_at: dict[bytes, float] = {}  # first time of each, monotonic s
         self._handshakes: set[str] = set()  # endpoints our SUB is connected to
         self._senders: dict[str, str] = {}  # node uuid -> endpoint, from the beacon
         self.malformed: list[list[bytes]] = []  # received frames that did not decode
@@ -109,6 +131,22 @@ class TestPeer:
     def send_store_hello(self, consumer_address: str) -> None:
         self.send(Message(proto.STORE_HELLO, consumer_address.encode(), address=self.address))
 
+    def send_get_heads(self, topic: str) -> None:
+        """As an earliest consumer (ours or C's when it subscribes): heads of `topic`, please."""
+        self.send(Message(proto.GET_HEADS, topic.encode(), address=self.address))
+
+    def send_direct_head(self, requester: str, topic: str, seq: int) -> None:
+        """As a store reader: our partition of `topic` is stored up to `seq`."""
+        self.send(
+            Message(
+                proto.DIRECT_HEAD,
+                requester.encode(),
+                address=self.address,
+                subject=topic,
+                sequence=seq,
+            )
+        )
+
     # --- receiving -------------------------------------------------------------------------
 
     def recv(self, timeout: float = 5.0) -> Message:
@@ -136,6 +174,11 @@ class TestPeer:
             if msg.id == id:
                 return msg
             skipped.append(msg.name)
+
+    def stored(self, topic: str, partition: str) -> list[bytes]:
+        """c_store: the records of a partition stored so far (from sequence 0, no holes)."""
+        with self._state:
+            return list(self._stored.get((topic, partition), []))
 
     def pending(self) -> int:
         """How many received messages wait for `recv`."""
@@ -273,10 +316,11 @@ class TestPeer:
             self._on_beacon_events(beacon, beacon.tick(now_ms()), sub)
             if monitor in ready:
                 self._on_monitor(monitor)
-            if sub in ready:
-                self._on_data(sub)
+            # Subscriptions first: a c_store ACK must see those that arrived with the data.
             if xpub in ready:
                 self._on_subscriptions(xpub)
+            if sub in ready:
+                self._on_data(sub, xpub)
             if control in ready and not self._on_commands(control, xpub):
                 return
 
@@ -308,7 +352,7 @@ class TestPeer:
                     self._handshakes.discard(text)
                 self._state.notify_all()
 
-    def _on_data(self, sub: zmq.Socket) -> None:
+    def _on_data(self, sub: zmq.Socket, xpub: zmq.Socket) -> None:
         while True:
             try:
                 frames = sub.recv_multipart(zmq.NOBLOCK)
@@ -322,7 +366,52 @@ class TestPeer:
                 continue
             if self._verbose:
                 log.info("test peer received", peer=self.address, message=msg)
+            if self._c_store:
+                self._store(msg, xpub)
             self._received.put(msg)
+
+    def _store(self, msg: Message, xpub: zmq.Socket) -> None:
+        """What a C store writer does with a message (spec §5.3), one message at a time."""
+        if msg.id == proto.DIRECT_RECORD and msg.topic != self.address.encode():
+            return  # an answer to someone else's FETCH: a store never sees it
+        if msg.id not in (proto.RECORD, proto.DIRECT_RECORD, proto.HEAD):
+            return
+        with self._state:
+            records = self._stored.setdefault((msg.subject, msg.address), [])
+            head = len(records) - 1
+            if msg.id != proto.HEAD and msg.sequence == head + 1:
+                records.append(msg.content)
+                self._state.notify_all()
+                stored = True
+            else:
+                stored = False
+        if stored:
+            self._ack(xpub, msg.address, msg.subject, msg.sequence)
+        elif msg.sequence > head:
+            count = self._filter.should_fetch(msg.subject, msg.address, head + 1, now_ms())
+            if count is not None:
+                fetch = Message(
+                    proto.FETCH,
+                    msg.address.encode(),
+                    address=self.address,
+                    subject=msg.subject,
+                    sequence=head + 1,
+                    count=count,
+                )
+                xpub.send_multipart(proto.encode(fetch))
+
+    def _ack(self, xpub: zmq.Socket, partition: str, subject: str, sequence: int) -> None:
+        prefix = proto.subscription(proto.ACK, partition)
+        with self._state:
+            since = self._subscribed_at.get(prefix)
+            heard = since is not None and time.monotonic() - since >= self._slow_join
+            if heard:
+                self.acks_sent += 1
+            else:
+                self.acks_dropped += 1
+        if heard:
+            ack = Message(proto.ACK, partition.encode(), subject=subject, sequence=sequence)
+            xpub.send_multipart(proto.encode(ack))
 
     def _on_subscriptions(self, xpub: zmq.Socket) -> None:
         while True:
@@ -333,6 +422,7 @@ class TestPeer:
             if frame[:1] == b"\x01":
                 with self._state:
                     self._subscriptions.append(frame[1:])
+                    self._subscribed_at.setdefault(frame[1:], time.monotonic())
                     self._state.notify_all()
 
     def _on_commands(self, control: zmq.Socket, xpub: zmq.Socket) -> bool:

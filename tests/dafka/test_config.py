@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
-from backends.dafka.config import Config, ConfigError
+from backends.dafka.config import DEFAULTS, Config, ConfigError
 
 SPEC_EXAMPLE = """\
 beacon
@@ -33,6 +34,22 @@ def test_defaults_come_from_the_spec_table() -> None:
     assert config.get("no/such/key") == ""
     assert config.get("no/such/key", "fallback") == "fallback"
     assert config.get_int("no/such/key", 7) == 7
+
+
+def test_readme_documents_the_defaults_of_the_settings_beyond_c() -> None:
+    """Each row `| `key` | default | ...` of the README's settings table matches DEFAULTS,
+    and every issue-7 setting has a row (a changed default cannot go undocumented)."""
+    readme = Path(__file__).parents[2] / "backends" / "dafka" / "README.md"
+    rows = dict(re.findall(r"^\| `([a-z_/]+)` \| (-?\d+) \|", readme.read_text(), re.MULTILINE))
+    issue7 = {
+        "producer/subscribe_settle",
+        "producer/close_timeout",
+        "consumer/heads_interval",
+        "store/push_heads/interval",
+        "store/push_heads/duration",
+    }
+    assert issue7 <= rows.keys()
+    assert rows == {key: DEFAULTS[key] for key in rows}
 
 
 def test_set_overrides_and_values_are_strings() -> None:

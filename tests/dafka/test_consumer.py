@@ -8,6 +8,8 @@ at the end run a real producer over 127.0.0.1 tcp.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -355,6 +357,89 @@ def test_head_after_unanswered_fetch_fetches_again(
     for seq in range(3):
         direct(test_peer, consumer, "hello", seq, f"r{seq}".encode())
     assert take(consumer, 3) == [(0, b"r0"), (1, b"r1"), (2, b"r2")]
+
+
+# --- issue 7: earliest consumers ask the stores for heads again -----------------------------
+
+
+def test_missed_partition_is_found_by_a_later_get_heads(
+    make_consumer: ConsumerFactory, test_peer: TestPeer
+) -> None:
+    """The stores had nothing of a partition when they got the GET_HEADS sent at subscribe,
+    and its producer's RECORDs and HEADs never reach us (it exited, or it is on another
+    tower): a GET_HEADS sent later finds it, and every record is delivered."""
+    consumer = make_consumer(**{"consumer/heads_interval": 200})
+    link(test_peer, consumer)
+    subscribe(test_peer, consumer, "hello")  # takes the first GET_HEADS: left unanswered
+    again = test_peer.recv_id(proto.GET_HEADS, 3)
+    assert (again.topic, again.address) == (b"hello", consumer.address)
+    test_peer.send_direct_head(consumer.address, "hello", 2)
+    expect_fetch(test_peer, consumer, 0)
+    for seq in range(3):
+        direct(test_peer, consumer, "hello", seq, f"r{seq}".encode())
+    assert take(consumer, 3) == [(0, b"r0"), (1, b"r1"), (2, b"r2")]
+
+
+def test_stale_head_then_a_later_get_heads_fetches_the_rest(
+    make_consumer: ConsumerFactory, test_peer: TestPeer
+) -> None:
+    """The stores answered with a stale head (only record 0 committed) and served only
+    record 0: caught up with what it was told, the consumer still asks again later and
+    gets the records committed since, with no producer traffic reaching it."""
+    consumer = make_consumer(
+        **{"consumer/heads_interval": 200, "consumer/fetch_retry_interval": 100}
+    )
+    link(test_peer, consumer)
+    subscribe(test_peer, consumer, "hello")
+    test_peer.send_direct_head(consumer.address, "hello", 0)
+    expect_fetch(test_peer, consumer, 0)
+    direct(test_peer, consumer, "hello", 0, b"r0")
+    assert take(consumer, 1) == [(0, b"r0")]
+    test_peer.recv_id(proto.GET_HEADS, 3)  # asked again although nothing was missing
+    test_peer.send_direct_head(consumer.address, "hello", 4)
+    expect_fetch(test_peer, consumer, 1)
+    for seq in range(1, 5):
+        direct(test_peer, consumer, "hello", seq, f"r{seq}".encode())
+    assert take(consumer, 4) == [(seq, f"r{seq}".encode()) for seq in range(1, 5)]
+    assert_nothing_more(consumer)
+
+
+def test_get_heads_backoff_grows_to_the_interval(
+    make_consumer: ConsumerFactory, test_peer: TestPeer
+) -> None:
+    """After subscribe, GET_HEADS comes again after 100, 200, 400 ms, then every 400 ms
+    (the interval): a bounded cost per topic. Only lower bounds are asserted (a loaded
+    machine makes the gaps longer, never shorter), with 50 ms for receive jitter."""
+    consumer = make_consumer(**{"consumer/heads_interval": 400})
+    link(test_peer, consumer)
+    consumer.subscribe("hello")
+    test_peer.recv_id(proto.GET_HEADS)
+    times = [time.monotonic()]
+    for _ in range(5):
+        test_peer.recv_id(proto.GET_HEADS, 3)
+        times.append(time.monotonic())
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert gaps[0] + gaps[1] >= 0.25, gaps
+    assert all(gap >= 0.35 for gap in gaps[3:]), gaps
+
+
+@pytest.mark.parametrize(("reset", "expected"), [("earliest", 1), ("latest", 0)])
+def test_no_more_get_heads_when_off_or_in_latest_mode(
+    make_consumer: ConsumerFactory, test_peer: TestPeer, reset: str, expected: int
+) -> None:
+    """`consumer/heads_interval` = 0 asks only at subscribe, as C does; latest mode never
+    asks (upstream scenarios 5 and 14), whatever the interval."""
+    interval = 0 if reset == "earliest" else 50
+    consumer = make_consumer(reset, **{"consumer/heads_interval": interval})
+    link(test_peer, consumer)
+    consumer.subscribe("hello")
+    test_peer.wait_subscribed(b"Hhello\0")
+    asked = 0
+    with contextlib.suppress(TimeoutError):
+        while True:
+            test_peer.recv_id(proto.GET_HEADS, 0.6)
+            asked += 1
+    assert asked == expected
 
 
 def test_retention_tail_starts_a_fresh_partition_at_the_oldest_record(

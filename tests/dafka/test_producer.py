@@ -6,6 +6,7 @@ plays the consumer or store side; the throughput check uses a raw SUB over 127.0
 
 from __future__ import annotations
 
+import contextlib
 import struct
 import threading
 import time
@@ -233,6 +234,69 @@ def test_close_timeout_bounds_the_wait(dafka_config: Config, tower: Tower) -> No
     started = time.monotonic()
     assert producer.close(timeout=0.3) == 2
     assert 0.3 <= time.monotonic() - started < 3
+
+
+def test_close_gives_up_after_close_timeout_and_says_why(
+    dafka_config: Config, tower: Tower, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 7: with no store to acknowledge, close() no longer waits forever (C does):
+    it gives up after producer/close_timeout and logs an error naming the cause."""
+    producer = make_producer(dafka_config, values={"producer/close_timeout": 300})
+    producer.publish(b"never acked")
+    started = time.monotonic()
+    assert producer.close() == 1
+    assert 0.3 <= time.monotonic() - started < 3
+    assert "dafka producer closed with records no store acknowledged" in caplog.text
+    assert "producer/close_timeout" in caplog.text
+
+
+def test_a_store_that_acks_only_once_acknowledges_the_first_records(
+    dafka_config: Config, tower: Tower
+) -> None:
+    """Issue 7: a C store ACKs a record only when it stores it, never again. Here the
+    store peer's PUB forwards to a subscription only 300 ms after it arrived (ZeroMQ's
+    slow joiner, exaggerated): records published as soon as the store hears the
+    producer would be stored and their only ACK lost. The producer holds its first
+    records until its subscription settled, so they are acknowledged."""
+    with TestPeer(dafka_config, zmq.Context.instance(), c_store=True, slow_join_ms=300) as store:
+        producer = make_producer(
+            dafka_config,
+            values={"producer/subscribe_settle": 700, "producer/close_timeout": 3000},
+        )
+        store.wait_connected(producer.address)
+        for i in range(3):
+            producer.publish(b"record %d" % i)
+        left = producer.close()
+        assert left == 0, (
+            f"{left} records unacknowledged: the store's ACKs were sent {store.acks_sent}, "
+            f"lost {store.acks_dropped} times"
+        )
+        assert store.stored("hello", producer.address) == [b"record 0", b"record 1", b"record 2"]
+
+
+def test_last_head_on_close_reveals_the_partition(
+    dafka_config: Config, tower: Tower, test_peer: TestPeer
+) -> None:
+    """Issue 7: a producer that exits before its HEAD timer fired still sends one HEAD, so
+    a consumer that missed its RECORDs learns the partition exists."""
+    producer = make_producer(
+        dafka_config,
+        values={"producer/head_interval": 60_000, "producer/subscribe_settle": 0},
+    )
+    link(test_peer, producer)
+    # No HEAD will tell when the peer hears the producer: publish until a RECORD arrives.
+    deadline = time.monotonic() + 5
+    while True:
+        producer.publish(b"probe")
+        with contextlib.suppress(TimeoutError):
+            test_peer.recv_id(proto.RECORD, 0.05)
+            break
+        assert time.monotonic() < deadline, "the peer never received a RECORD"
+    published = producer.unacked_count()
+    assert producer.close(timeout=0) == published
+    head = test_peer.recv_id(proto.HEAD, 3)
+    assert (head.topic, head.address, head.subject) == (b"hello", producer.address, "hello")
+    assert head.sequence == published - 1
 
 
 def test_terminate_unacked_closes_at_once(dafka_config: Config, tower: Tower) -> None:

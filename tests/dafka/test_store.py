@@ -9,6 +9,7 @@ producer is left.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import uuid
@@ -642,6 +643,70 @@ def test_malformed_messages_are_ignored(linked: TestPeer, store: Store) -> None:
         linked.send_frames(frames)
     store_records(linked, "after-garbage", [b"ok"])
     assert direct_records_of(linked, "after-garbage", 0, 1) == [(0, b"ok")]
+
+
+# --- issue 7: heads pushed to earliest consumers ------------------------------------------
+
+
+def pushed_heads(consumer: TestPeer, topic: str, quiet: float) -> list[int]:
+    """Sequences of the DIRECT_HEADs of `topic` routed to `consumer`, until none came for
+    `quiet` seconds."""
+    heads: list[int] = []
+    with contextlib.suppress(TimeoutError):
+        while True:
+            msg = consumer.recv_id(proto.DIRECT_HEAD, quiet)
+            if msg.subject == topic:
+                assert msg.topic == consumer.address.encode(), "pushed to someone else"
+                heads.append(msg.sequence)
+    return heads
+
+
+@pytest.mark.parametrize("interval", [100, 0])
+def test_a_consumer_that_asked_only_at_subscribe_is_told_of_a_new_partition(
+    store_config: Config, tower: Tower, interval: int
+) -> None:
+    """A C earliest consumer sends GET_HEADS once, at subscribe. The partition was not
+    there yet; its producer's RECORDs and HEADs never reach the consumer. The store tells
+    it anyway, every interval for a duration after the change, then stops (0 = off)."""
+    store_config.set("store/push_heads/interval", interval)
+    store_config.set("store/push_heads/duration", 400)
+    ctx: zmq.Context = zmq.Context.instance()
+    with (
+        Store(store_config, ctx) as store,
+        TestPeer(store_config, ctx) as producer,
+        TestPeer(store_config, ctx) as consumer,
+    ):
+        link(producer, store)
+        link(consumer, store)
+        store_records(producer, "sentinel", [b"end"])
+        consumer.send_get_heads("late")  # the C consumer subscribes: nothing stored yet
+        consumer.send_get_heads("sentinel")  # answered after "late": that one was handled
+        assert consumer.recv_id(proto.DIRECT_HEAD).subject == "sentinel"
+        store_records(producer, "late", [b"r0", b"r1", b"r2"])
+        started = time.monotonic()
+        heads = pushed_heads(consumer, "late", quiet=0.5)
+        if interval == 0:
+            assert heads == []
+            return
+        assert heads and heads[-1] == 2 and heads == sorted(heads), heads
+        # Every 100 ms for 400 ms: 4 or 5 pushes of a change, plus the earlier heads of
+        # the same records if a push fell between two of the store's batches.
+        assert 2 <= len(heads) <= 8, heads
+        assert time.monotonic() - started < 3, "the pushes did not stop after the duration"
+
+
+def test_a_consumer_that_left_is_no_longer_watched(store: Store, store_config: Config) -> None:
+    """The reader forgets a consumer when its SUB leaves (the E<uuid> unsubscription), so
+    the watch list holds only consumers that are still there."""
+    config = store_config.copy()
+    config.set("consumer/offset/reset", "earliest")
+    consumer = Consumer(config, zmq.Context.instance())
+    try:
+        consumer.subscribe("watched")
+        wait_until(lambda: store.push.watching, 5, "the store did not watch the consumer")
+    finally:
+        consumer.close()
+    wait_until(lambda: not store.push.watching, 5, "the store still watches a closed consumer")
 
 
 # --- upstream scenario 20 ------------------------------------------------------------------

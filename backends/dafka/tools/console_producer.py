@@ -30,11 +30,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             for line in sys.stdin.buffer:
                 producer.publish(line.rstrip(b"\r\n"))
         finally:
-            # C lingers forever: at end of input, wait until a store acknowledged every
-            # record (unless producer/terminate_unacked = 1). Ctrl-C gives up.
+            # At end of input, wait until a store acknowledged every record (unless
+            # producer/terminate_unacked = 1): C lingers forever, we at most
+            # producer/close_timeout ms. Ctrl-C gives up.
             left = producer.close()
         if left:
-            print(f"{PROG}: {left} records were not acknowledged by a store", file=sys.stderr)
+            print(
+                f"{PROG}: error: {left} records were not acknowledged by a store within "
+                f"producer/close_timeout = {config.get('producer/close_timeout')} ms",
+                file=sys.stderr,
+            )
             return 1
         return 0
 
