@@ -13,12 +13,9 @@ order, each at most once per consumer lifetime. On top of C's behaviour:
 - `seek()` to start a partition at a given sequence, and the retention-tail rule: in
   earliest mode a FETCH answer starting above 0 on a fresh partition means the stores no
   longer keep anything older, so the partition starts there;
-- in earliest mode, GET_HEADS again after subscribing, with a backoff from
-  `_HEADS_FIRST_RETRY_MS` doubling up to `consumer/heads_interval` ms, then at that
-  interval for as long as the subscription lasts. C asks only once, at subscribe: a
-  partition whose producer we never hear (its RECORDs and HEADs went out before our
-  subscription reached it, or it is connected through another tower) and that the stores
-  had not committed yet when they answered was never fetched (issue 7).
+- in earliest mode, GET_HEADS again after subscribing (`heads_schedule.py`, every
+  `consumer/heads_interval` ms at most): C asks only once, and misses partitions whose
+  producer it never heard (issue 7).
 
 Threading: every socket lives in the actor thread. User calls travel as commands over an
 inproc PAIR (a wake-up byte) plus a deque, and wait for the actor's answer.
@@ -51,6 +48,7 @@ from backends.dafka.beacon import (
 )
 from backends.dafka.config import Config
 from backends.dafka.fetch_filter import BUCKET, FetchFilter
+from backends.dafka.heads_schedule import HeadsSchedule
 from backends.dafka.producer import check_topic
 
 log = structlog.get_logger(__name__)
@@ -62,8 +60,6 @@ _DIRECT_ID = proto.DIRECT_RECORD
 _CALL_POLL = 0.5  # seconds between "is the actor still alive" checks of a waiting call
 # The first GET_HEADS after the one at subscribe: soon, because a partition is most often
 # missed right after subscribing (its producer started at about the same time).
-_HEADS_FIRST_RETRY_MS = 100
-_NEVER = 2**62
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,8 +289,7 @@ class _Actor:
         self.filter = FetchFilter()
         self.heads_interval = owner._heads_interval if self.earliest else 0
         # topic -> (when to send GET_HEADS next, the delay that led there), now_ms clock
-        self.heads_due: dict[str, tuple[int, int]] = {}
-        self.next_heads = _NEVER
+        self.heads = HeadsSchedule(self.heads_interval)
 
     # -- loop ---------------------------------------------------------------------------
 
@@ -311,7 +306,7 @@ class _Actor:
             deadline = beacon.next_deadline_ms()
             if self.gapped:
                 deadline = min(deadline, now + max(1, self.retry_interval // 2))
-            deadline = min(deadline, self.next_heads)
+            deadline = min(deadline, self.heads.next_due)
             wait = 0 if busy else max(0, min(deadline - now, 1000))
             events = dict(poller.poll(wait))
             if pipe in events and self._commands(pipe):
@@ -324,8 +319,8 @@ class _Actor:
             now = now_ms()
             if self.gapped:
                 self._retry(now)
-            if now >= self.next_heads:
-                self._ask_heads(now)
+            for topic in self.heads.due(now):
+                self._get_heads(topic)
             apply_events(beacon.tick(now), sub)
 
     def _commands(self, pipe: zmq.Socket) -> bool:
@@ -357,11 +352,7 @@ class _Actor:
         if self.earliest:
             # Reaches the store readers connected now; later ones get the hello handshake.
             self._get_heads(topic)
-            if self.heads_interval > 0:
-                first = min(_HEADS_FIRST_RETRY_MS, self.heads_interval)
-                due = now_ms() + first
-                self.heads_due[topic] = (due, first)
-                self.next_heads = min(self.next_heads, due)
+            self.heads.add(topic, now_ms())
 
     def _cmd_unsubscribe(self, topic: str) -> None:
         if topic not in self.subjects:
@@ -369,7 +360,7 @@ class _Actor:
         self.sub.setsockopt(zmq.UNSUBSCRIBE, _exact(proto.RECORD, topic))
         self.sub.setsockopt(zmq.UNSUBSCRIBE, _exact(proto.HEAD, topic))
         del self.subjects[topic]
-        self.heads_due.pop(topic, None)
+        self.heads.remove(topic)
         # Offsets stay (a later subscribe continues where this one stopped); buffers and
         # retries go.
         # In place: a sink may unsubscribe in the middle of _drain_sub's batch, which
@@ -539,21 +530,6 @@ class _Actor:
 
     def _get_heads(self, topic: str) -> None:
         self._send(proto.Message(proto.GET_HEADS, topic.encode(), address=self.uuid))
-
-    def _ask_heads(self, now: int) -> None:
-        """GET_HEADS for every topic whose turn it is; each waits twice as long next time,
-        up to the interval. The stores answer one DIRECT_HEAD per partition: those we
-        know and have caught up with cost nothing more, a missed one is FETCHed."""
-        interval = self.heads_interval
-        next_heads = _NEVER
-        for topic, (due, delay) in list(self.heads_due.items()):
-            if now >= due:
-                self._get_heads(topic)
-                delay = min(delay * 2, interval)
-                due = now + delay
-                self.heads_due[topic] = (due, delay)
-            next_heads = min(next_heads, due)
-        self.next_heads = next_heads
 
     def _fetch(self, part: _Partition) -> None:
         seq = part.last + 1

@@ -92,6 +92,9 @@ class EmbeddedMode(Network):
         except EmbeddedNetworkError as error:
             raise EngineError(str(error)) from None
         config = self._network.config
+        # Our own stores repeat a lost ACK: no need to hold a new writer's first records
+        # until its subscriptions settle (that is for C stores, which ACK only once).
+        config.set("producer/subscribe_settle", "0")
         for path, value in self._actor_settings.items():
             config.set(path, value)
         self.config = config

@@ -22,8 +22,8 @@ The owner decides where each cursor starts (`start`), grants credit as it makes 
 `generation` is the one given to the `start` that positioned the cursor, so the owner can
 tell records from before a rewind.
 
-Wire cost: besides the FETCHes it needs, nothing: one GET_HEADS per subscribe and the
-usual hellos, as the plain consumer in earliest mode.
+Wire cost: besides the FETCHes it needs, what the plain consumer in earliest mode sends:
+GET_HEADS at subscribe and again on `heads_schedule.py`'s backoff (issue 7), and hellos.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ import zmq
 from backends.dafka import proto
 from backends.dafka.beacon import Beacon, apply_events, bind_data_socket, new_subscribers, now_ms
 from backends.dafka.config import Config
+from backends.dafka.heads_schedule import HeadsSchedule
 from backends.dafka.producer import check_topic
 
 log = structlog.get_logger(__name__)
@@ -98,6 +99,7 @@ class Reader:
         self._context = context or zmq.Context.instance()
         self._sink = sink
         self._retry = max(10, config.get_int("consumer/fetch_retry_interval", 500))
+        self._heads_interval = config.get_int("consumer/heads_interval")
         self._lock = threading.Lock()
         self._commands: collections.deque[tuple[str, tuple[Any, ...]]] = collections.deque()
         self._closed = False
@@ -215,6 +217,7 @@ class _Actor:
         self.cursors: dict[Hashable, _Cursor] = {}
         self.events: list[Event] = []
         self.fetching: set[_Cursor] = set()
+        self.heads = HeadsSchedule(owner._heads_interval)
 
     def loop(self, pipe: zmq.Socket, beacon: Beacon) -> None:
         poller = zmq.Poller()
@@ -224,6 +227,7 @@ class _Actor:
         while True:
             now = now_ms()
             deadline = beacon.next_deadline_ms()
+            deadline = min(deadline, self.heads.next_due)
             if self.fetching:
                 deadline = min(deadline, min(c.fetch_until for c in self.fetching))
             wait = 0 if busy else max(0, min(deadline - now, 1000))
@@ -237,6 +241,8 @@ class _Actor:
                     self._hello(reader)
             busy = self.sub in events and self._drain()
             now = now_ms()
+            for topic in self.heads.due(now):
+                self._send(proto.Message(proto.GET_HEADS, topic.encode(), address=self.uuid))
             for cursor in [c for c in self.fetching if c.fetch_until <= now]:
                 cursor.fetch_end = 0  # lost or partly answered: ask again
                 self._pump(cursor, now)
@@ -269,6 +275,7 @@ class _Actor:
             self.sub.setsockopt(zmq.SUBSCRIBE, proto.subscription(msg_id, topic) + b"\0")
         self.subjects[topic] = None
         self._send(proto.Message(proto.GET_HEADS, topic.encode(), address=self.uuid))
+        self.heads.add(topic, now_ms())
         for part in self.parts.values():
             if part.subject == topic and part.head >= 0:
                 self.events.append(("head", topic, part.address, part.head))
@@ -279,6 +286,7 @@ class _Actor:
         for msg_id in (proto.RECORD, proto.HEAD):
             self.sub.setsockopt(zmq.UNSUBSCRIBE, proto.subscription(msg_id, topic) + b"\0")
         del self.subjects[topic]
+        self.heads.remove(topic)
 
     def _cmd_start(
         self,
