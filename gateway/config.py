@@ -25,10 +25,9 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from backends.settings import REDACTED, JsonNumber, json_decoder, redacted
 from gateway import __version__
 
-REDACTED = "[redacted]"
-SECRET_MARKERS = ("password", "secret", "sasl.oauthbearer", "ssl.key", "token")
 ENGINES = ("kafka",)
 LOG_FORMATS = ("console", "json")
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -86,29 +85,12 @@ class Config:
         for item in fields(self):
             value = getattr(self, item.name)
             if item.name in ("consumer", "producer"):
-                out[item.name] = redact_properties(value)
+                out[item.name] = redacted(value)
             elif item.name == "password" and value is not None:
                 out[item.name] = REDACTED
             else:
                 out[item.name] = value
         return out
-
-
-def is_secret(key: str) -> bool:
-    lowered = key.lower()
-    return any(marker in lowered for marker in SECRET_MARKERS)
-
-
-def redact_properties(properties: Mapping[str, str]) -> dict[str, str]:
-    return {k: (REDACTED if is_secret(k) else v) for k, v in properties.items()}
-
-
-class JsonNumber(str):
-    """A JSON number kept as its literal text (so 1e3 and 10000000000000000001 survive)."""
-
-
-def _decoder() -> json.JSONDecoder:
-    return json.JSONDecoder(parse_int=JsonNumber, parse_float=JsonNumber)
 
 
 def property_value(key: str, value: object) -> str:
@@ -234,7 +216,7 @@ def _client_properties(
 def parse_document(text: str, source: str) -> dict[str, Any]:
     """Check a configuration document; return Config keyword arguments."""
     try:
-        document = _decoder().decode(text)
+        document = json_decoder().decode(text)
     except json.JSONDecodeError as error:
         raise ConfigError(f"{source}: invalid JSON: {error}") from None
     if not isinstance(document, dict):

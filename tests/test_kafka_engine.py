@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, ParamSpec
 
 import pytest
+import structlog
 from confluent_kafka import ConsumerGroupState, KafkaError, Message
 from confluent_kafka import Producer as RawProducer
 from confluent_kafka.admin import AdminClient
@@ -34,6 +35,7 @@ from backends.base import (
 from backends.kafka.consumer import BATCH, KafkaConsumer
 from backends.kafka.engine import KafkaEngine
 from backends.kafka.tansu import TansuBroker, free_port
+from backends.settings import REDACTED
 
 pytestmark = pytest.mark.kafka
 
@@ -329,6 +331,18 @@ async def test_bad_producer_config_raises_and_the_next_call_tries_again(
         handle = engine.producer("s")  # not cached as failed: created now
         assert handle.outstanding() == 0
         assert engine.producer("t") is not handle
+
+
+@asyncio_test
+async def test_the_engines_logs_hide_the_secrets_the_start_up_log_hides() -> None:
+    secret = {"sasl.oauthbearer.extensions": "ext=s1", "ssl.key.password": "s2"}
+    with structlog.testing.capture_logs() as logs:
+        async with running_engine(f"127.0.0.1:{free_port()}", producer=secret) as engine:
+            engine.producer("s")
+    [started] = [line for line in logs if line["event"] == "producer started"]
+    shown = started["config"]
+    assert {name: shown[name] for name in secret} == dict.fromkeys(secret, REDACTED)
+    assert shown["queue.buffering.max.ms"] == "0", "only secrets are hidden"
 
 
 # --- consuming ------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 import structlog
 
 from backends.base import AckError, ConsumeError, Consumer, EngineError, Record
+from backends.settings import JsonNumber, json_decoder
 from gateway import errors
 from gateway.commands.base import Reply, arg, text
 from gateway.config import property_value
@@ -27,14 +28,10 @@ _JSON_SPACE = " \t\n\r"
 # --- BLPOP key and timeout ---------------------------------------------------------------
 
 
-class _GoNumber(str):
-    """A JSON number kept as its literal text (Rafka's decoder uses json.Number)."""
-
-
 def _go_kind(value: object) -> str:
     if isinstance(value, bool):
         return "bool"
-    if isinstance(value, _GoNumber):
+    if isinstance(value, JsonNumber):
         return "number"
     if isinstance(value, str):
         return "string"
@@ -52,9 +49,8 @@ def parse_config_json(raw: str) -> dict[str, object] | None:
     stripped = raw.lstrip(_JSON_SPACE)
     if not stripped:
         raise errors.bad_consumer_config(raw, "EOF")
-    decoder = json.JSONDecoder(parse_int=_GoNumber, parse_float=_GoNumber)
     try:
-        value, _ = decoder.raw_decode(stripped)
+        value, _ = json_decoder().raw_decode(stripped)
     except json.JSONDecodeError as error:
         raise errors.bad_consumer_config(raw, str(error)) from None
     if value is None:
