@@ -25,6 +25,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from backends.kafka.settings import property_value
 from backends.settings import REDACTED, JsonNumber, json_decoder, redacted
 from gateway import __version__
 
@@ -91,17 +92,6 @@ class Config:
             else:
                 out[item.name] = value
         return out
-
-
-def property_value(key: str, value: object) -> str:
-    """A librdkafka property value as text; raises ValueError for other JSON types."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):  # includes JsonNumber
-        return str(value)
-    if isinstance(value, dict | list):
-        raise ValueError(f"{key}: nested objects and arrays are not allowed")
-    raise ValueError(f"{key}: must be a string, a number or a boolean, got null")
 
 
 # --- gateway section ---------------------------------------------------------------------

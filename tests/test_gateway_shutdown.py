@@ -56,9 +56,9 @@ class HoldingEngine(Engine):
         return self.inner.producer(session_id)
 
     async def consumer(
-        self, group: str, name: str, topics: Sequence[str], overrides: Mapping[str, str]
+        self, group: str, name: str, topics: Sequence[str], settings: Mapping[str, object]
     ) -> Consumer:
-        return HeldConsumer(await self.inner.consumer(group, name, topics, overrides), self.release)
+        return HeldConsumer(await self.inner.consumer(group, name, topics, settings), self.release)
 
     async def topics(self) -> list[str]:
         return await self.inner.topics()

@@ -26,6 +26,7 @@ from backends.base import (
     AckError,
     ConsumeError,
     ConsumerCreationError,
+    MetadataClientError,
     MetadataError,
     ProduceError,
     ProducerCreationError,
@@ -35,7 +36,7 @@ from backends.base import (
 from backends.kafka.consumer import BATCH, KafkaConsumer
 from backends.kafka.engine import KafkaEngine
 from backends.kafka.tansu import TansuBroker, free_port
-from backends.settings import REDACTED
+from backends.settings import REDACTED, JsonNumber
 
 pytestmark = pytest.mark.kafka
 
@@ -317,8 +318,10 @@ async def test_bad_producer_config_raises_and_the_next_call_tries_again(
         with pytest.raises(ProducerCreationError) as failure:
             engine.producer("s")
         assert str(failure.value) == 'No such configuration property: "foo"'
-        with pytest.raises(ProducerCreationError):
-            await engine.topics()  # KEYS needs the producer too
+        # KEYS lists topics through the producer: the failure says so (Rafka's text).
+        with pytest.raises(MetadataClientError) as listing:
+            await engine.topics()
+        assert str(listing.value) == 'No such configuration property: "foo"'
 
     # A failure that goes away: the CA directory does not exist yet. The broker address
     # is a closed port, since TLS against Tansu's plain listener would only add noise.
@@ -505,9 +508,29 @@ async def test_consumer_overrides_apply_and_bad_ones_fail_creation(tansu: TansuB
             assert str(failure.value) == text
         with pytest.raises(ConsumerCreationError, match="subscription"):
             await engine.consumer(new_group(), "bad", ["^["], {})  # an invalid regex
+        # Settings arrive as decoded JSON: what is not a property value names its key.
+        unusable: list[tuple[dict[str, object], str]] = [
+            ({"x": {"y": 1}}, "x: nested objects and arrays are not allowed"),
+            ({"x": [1]}, "x: nested objects and arrays are not allowed"),
+            ({"x": None}, "x: must be a string, a number or a boolean, got null"),
+        ]
+        for settings, text in unusable:
+            with pytest.raises(ConsumerCreationError) as failure:
+                await engine.consumer(new_group(), "bad", [topic], settings)
+            assert str(failure.value) == text
 
-        # The server says earliest; this client says latest: `foo` is never delivered.
-        latest = await engine.consumer(new_group(), "c", [topic], {"auto.offset.reset": "latest"})
+        # The server says earliest; this client says latest: `foo` is never delivered. A
+        # boolean and a number (kept as its literal text) become property strings.
+        latest = await engine.consumer(
+            new_group(),
+            "c",
+            [topic],
+            {
+                "auto.offset.reset": "latest",
+                "enable.partition.eof": False,
+                "session.timeout.ms": JsonNumber("2000"),
+            },
+        )
         # Records produced before the assignment are skipped too, so produce until one
         # arrives; it must be a new one.
         deadline = time.monotonic() + WAIT

@@ -15,12 +15,14 @@ from confluent_kafka import KafkaException
 from backends.base import (
     ConsumerCreationError,
     Engine,
+    MetadataClientError,
     MetadataError,
     ProducerCreationError,
     Stats,
 )
 from backends.kafka.consumer import BATCH, MAX_BATCH, KafkaConsumer
 from backends.kafka.producer import ProducerHandle, SharedProducer
+from backends.kafka.settings import consumer_overrides
 from backends.kafka.texts import error_text
 
 log = structlog.get_logger("rafka.kafka.engine")
@@ -83,10 +85,11 @@ class KafkaEngine(Engine):
         group: str,
         name: str,
         topics: Sequence[str],
-        overrides: Mapping[str, str],
+        settings: Mapping[str, object],
     ) -> KafkaConsumer:
         if self._stopped:
             raise ConsumerCreationError(STOPPED)
+        overrides = consumer_overrides(settings)
         config = {**self._consumer_config, **overrides, "group.id": group, "client.id": name}
         consumer = await KafkaConsumer.open(
             config, topics, self.stats, label=f"{group}:{name}", batch=self._consume_batch
@@ -108,9 +111,12 @@ class KafkaEngine(Engine):
         """Every topic the cluster reports, internal ones included (as Rafka's KEYS).
 
         Uses the shared producer, creating it if needed: a bad producer configuration
-        raises ProducerCreationError here, as Rafka answered `Error spawning producer`.
+        raises MetadataClientError here, as Rafka answered `Error spawning producer`.
         """
-        rd = self._shared_producer().rd
+        try:
+            rd = self._shared_producer().rd
+        except ProducerCreationError as error:
+            raise MetadataClientError(str(error)) from None
         try:
             metadata = await asyncio.to_thread(rd.list_topics, timeout=self._metadata_timeout)
         except KafkaException as exc:
