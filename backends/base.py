@@ -25,6 +25,7 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeAlias
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +51,11 @@ class EngineOptions:
     consume_batch: int = 500
     # How long stop() may wait for records still not durable, seconds.
     stop_flush_timeout: float = 5.0
+
+
+# An engine's parsed configuration sections, as its parse_settings() returns them (see
+# backends.registry): the gateway keeps them without looking into them.
+EngineSettings: TypeAlias = object
 
 
 class EngineConfigError(Exception):

@@ -10,32 +10,27 @@ import argparse
 import asyncio
 import sys
 from collections.abc import Sequence
-from types import MappingProxyType
 
 from backends.kafka.tansu import TansuBroker
 from gateway import logs
-from gateway.config import Config
+from gateway.config import Config, from_dict
 from gateway.resp_server import start_server
 
 
 def dev_config(bootstrap: str, host: str, port: int) -> Config:
-    common = {"bootstrap.servers": bootstrap}
-    return Config(
-        host=host,
-        port=port,
-        engine="kafka",
-        consumer=MappingProxyType(
-            {
-                **common,
-                "enable.auto.commit": "true",
-                "enable.auto.offset.store": "false",
-                "auto.commit.interval.ms": "1000",
-                "auto.offset.reset": "earliest",
-                "session.timeout.ms": "6000",
-            }
-        ),
-        producer=MappingProxyType({**common, "queue.buffering.max.ms": "5"}),
-    )
+    document = {
+        "general": {"bootstrap.servers": bootstrap},
+        "consumer": {
+            "enable.auto.commit": True,
+            "enable.auto.offset.store": False,
+            "auto.commit.interval.ms": 1000,
+            "auto.offset.reset": "earliest",
+            "session.timeout.ms": 6000,
+        },
+        "producer": {"queue.buffering.max.ms": 5},
+        "gateway": {"engine": "kafka", "host": host, "port": port},
+    }
+    return from_dict(document)
 
 
 async def _serve(config: Config, bootstrap: str) -> None:

@@ -11,7 +11,9 @@ import redis
 from confluent_kafka import ConsumerGroupState
 from confluent_kafka.admin import AdminClient
 
+from backends.base import Engine, Stats
 from backends.kafka.tansu import TansuBroker
+from backends.registry import engine_entry
 from gateway.config import Config, from_dict
 from gateway.runner import ServerThread
 
@@ -34,6 +36,12 @@ PRODUCER = {
     "topic.metadata.propagation.max.ms": 200,
     "go.delivery.reports": True,
 }
+
+
+def configured_engine(config: Config) -> Engine:
+    """The engine `config` names, made as the server makes it (not started)."""
+    entry = engine_entry(config.engine)
+    return entry.create(config.engine_settings, Stats(), config.engine_options())
 
 
 def kafka_config(broker: TansuBroker, gateway: dict[str, Any] | None = None) -> Config:

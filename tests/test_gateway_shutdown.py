@@ -8,16 +8,15 @@ import time
 from collections.abc import Mapping, Sequence
 
 from backends.base import Consumer, Engine, Producer, Record, Stats
-from backends.kafka.engine import KafkaEngine
 from backends.kafka.tansu import TansuBroker
 from gateway.config import Config
 from gateway.runner import ServerThread
-from tests.gateway_support import Raw, client, kafka_config
+from tests.gateway_support import Raw, client, configured_engine, kafka_config
 from tests.waiting import wait_until
 
 
 class HeldConsumer(Consumer):
-    """A real Kafka consumer whose close() first waits for the test's release.
+    """A real consumer whose close() first waits for the test's release.
 
     Not a failure double: it only holds the shutdown in its "consumers are closing"
     step, which otherwise lasts too short a time to observe deterministically.
@@ -39,9 +38,9 @@ class HeldConsumer(Consumer):
 
 
 class HoldingEngine(Engine):
-    """The real KafkaEngine, with consumer close held by `release` (see HeldConsumer)."""
+    """The configured engine, with consumer close held by `release` (see HeldConsumer)."""
 
-    def __init__(self, inner: KafkaEngine) -> None:
+    def __init__(self, inner: Engine) -> None:
         super().__init__(inner.stats)
         self.inner = inner
         self.release = asyncio.Event()
@@ -65,7 +64,7 @@ class HoldingEngine(Engine):
 
 
 def engine_for(config: Config) -> HoldingEngine:
-    return HoldingEngine(KafkaEngine(Stats(), config.consumer, config.producer))
+    return HoldingEngine(configured_engine(config))
 
 
 def refused(port: int) -> bool:
@@ -161,7 +160,7 @@ def test_closed_connection_is_released_and_exit_closes_the_listener(
 
 
 class CountingStopEngine(HoldingEngine):
-    """The real KafkaEngine, counting how often the server stops it."""
+    """The configured engine, counting how often the server stops it."""
 
     stops = 0
 
@@ -172,7 +171,7 @@ class CountingStopEngine(HoldingEngine):
 
 def test_shutdown_twice_is_one_shutdown(tansu: TansuBroker) -> None:
     config = kafka_config(tansu)
-    engine = CountingStopEngine(KafkaEngine(Stats(), config.consumer, config.producer))
+    engine = CountingStopEngine(configured_engine(config))
     server = ServerThread(config, engine=engine).start()
     futures = [server.shutdown_async() for _ in range(2)]
     for future in futures:
@@ -199,7 +198,7 @@ async def _monitor_state(server: ServerThread) -> tuple[int, list[str]]:
 
 def test_abandoned_connection_releases_its_monitor(tansu: TansuBroker) -> None:
     config = kafka_config(tansu, {"shutdown_timeout": 0.5})
-    engine = HeldTopicsEngine(KafkaEngine(Stats(), config.consumer, config.producer))
+    engine = HeldTopicsEngine(configured_engine(config))
     server = ServerThread(config, engine=engine).start()
     try:
         with Raw(server.port) as raw:

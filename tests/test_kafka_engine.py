@@ -26,6 +26,7 @@ from backends.base import (
     AckError,
     ConsumeError,
     ConsumerCreationError,
+    EngineOptions,
     MetadataClientError,
     MetadataError,
     ProduceError,
@@ -35,6 +36,7 @@ from backends.base import (
 )
 from backends.kafka.consumer import BATCH, KafkaConsumer
 from backends.kafka.engine import KafkaEngine
+from backends.kafka.settings import KafkaSettings
 from backends.kafka.tansu import TansuBroker, free_port
 from backends.settings import REDACTED, JsonNumber
 
@@ -76,6 +78,15 @@ def new_group() -> str:
     return f"g-{uuid.uuid4().hex[:6]}"
 
 
+def kafka_settings(
+    bootstrap: str, producer: dict[str, str] | None = None, consumer: dict[str, str] | None = None
+) -> KafkaSettings:
+    return KafkaSettings(
+        consumer={**CONSUMER, "bootstrap.servers": bootstrap, **(consumer or {})},
+        producer={**PRODUCER, "bootstrap.servers": bootstrap, **(producer or {})},
+    )
+
+
 @asynccontextmanager
 async def running_engine(
     bootstrap: str,
@@ -86,10 +97,8 @@ async def running_engine(
 ) -> AsyncIterator[KafkaEngine]:
     engine = KafkaEngine(
         Stats(),
-        {**CONSUMER, "bootstrap.servers": bootstrap, **(consumer or {})},
-        {**PRODUCER, "bootstrap.servers": bootstrap, **(producer or {})},
-        metadata_timeout=metadata_timeout,
-        consume_batch=consume_batch,
+        kafka_settings(bootstrap, producer, consumer),
+        EngineOptions(metadata_timeout=metadata_timeout, consume_batch=consume_batch),
     )
     await engine.start()
     try:
@@ -671,7 +680,7 @@ class InjectErrors:
 def test_consume_batch_must_be_positive() -> None:
     for bad in (0, -1, 1_000_001):
         with pytest.raises(ValueError, match="consume_batch"):
-            KafkaEngine(Stats(), {}, {}, consume_batch=bad)
+            KafkaEngine(Stats(), KafkaSettings({}, {}), EngineOptions(consume_batch=bad))
 
 
 @asyncio_test
@@ -803,11 +812,7 @@ async def test_a_rebalance_drops_buffered_records_of_revoked_partitions(
 async def test_stop_closes_what_the_gateway_left_open(tansu: TansuBroker) -> None:
     topic = tansu.create_topic()
     before = rafka_threads()
-    engine = KafkaEngine(
-        Stats(),
-        {**CONSUMER, "bootstrap.servers": tansu.bootstrap},
-        {**PRODUCER, "bootstrap.servers": tansu.bootstrap},
-    )
+    engine = KafkaEngine(Stats(), kafka_settings(tansu.bootstrap), EngineOptions())
     await engine.start()
     handle = engine.producer("s")
     handle.produce(topic, None, b"x")
@@ -831,11 +836,7 @@ async def test_a_consumer_still_being_created_when_stop_runs_is_closed(
 ) -> None:
     topic = tansu.create_topic()
     before = rafka_threads()
-    engine = KafkaEngine(
-        Stats(),
-        {**CONSUMER, "bootstrap.servers": tansu.bootstrap},
-        {**PRODUCER, "bootstrap.servers": tansu.bootstrap},
-    )
+    engine = KafkaEngine(Stats(), kafka_settings(tansu.bootstrap), EngineOptions())
     await engine.start()
     creating = asyncio.create_task(engine.consumer(new_group(), "c", [topic], {}))
     await asyncio.sleep(0)  # one step: the task submits the creation and awaits it
@@ -854,11 +855,7 @@ async def test_produce_on_a_handle_outliving_the_engine_is_refused_and_not_count
     tansu: TansuBroker,
 ) -> None:
     topic = tansu.create_topic()
-    engine = KafkaEngine(
-        Stats(),
-        {**CONSUMER, "bootstrap.servers": tansu.bootstrap},
-        {**PRODUCER, "bootstrap.servers": tansu.bootstrap},
-    )
+    engine = KafkaEngine(Stats(), kafka_settings(tansu.bootstrap), EngineOptions())
     await engine.start()
     handle = engine.producer("s")
     await engine.stop()  # the shared producer is closed under the handle
