@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 import structlog
 
-from backends.kafka.tansu import TansuBroker
+from tests.support.tansu import TansuBroker
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -23,8 +23,8 @@ from confluent_kafka import Consumer, Producer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from backends.kafka.tansu import TansuBroker, free_port
 from e2e.helpers import RafkaProcess, gateway_config, write_config
+from tests.support.tansu import TansuBroker, free_port
 from tests.waiting import wait_until
 
 VALUE = "x" * 100

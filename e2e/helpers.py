@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from backends.kafka.tansu import free_port
+from tests.support.tansu import free_port
 from tests.waiting import wait_until
 
 RAFKA = Path(sys.executable).parent / "rafka"

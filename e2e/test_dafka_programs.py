@@ -15,7 +15,7 @@ from typing import IO
 import pytest
 from rocksdict import AccessType, Options, Rdict
 
-from backends.kafka.tansu import free_port
+from tests.support.tansu import free_port
 from tests.waiting import wait_until
 
 BIN = Path(sys.executable).parent

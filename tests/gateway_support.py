@@ -12,10 +12,10 @@ from confluent_kafka import ConsumerGroupState
 from confluent_kafka.admin import AdminClient
 
 from backends.base import Engine, Stats
-from backends.kafka.tansu import TansuBroker
 from backends.registry import engine_entry
 from gateway.config import Config, from_dict
 from gateway.runner import ServerThread
+from tests.support.tansu import TansuBroker
 
 T = TypeVar("T")
 

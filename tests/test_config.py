@@ -16,9 +16,9 @@ import pytest
 import redis
 
 from backends.kafka.settings import KafkaSettings
-from backends.kafka.tansu import TansuBroker, free_port
 from gateway import __version__
 from gateway.config import REDACTED, Config, ConfigError, from_args, from_dict
+from tests.support.tansu import TansuBroker, free_port
 from tests.waiting import wait_until
 
 # The console script installed with the package (pyproject [project.scripts]).

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 import redis
 
-from backends.kafka.tansu import TansuBroker, free_port
 from gateway.config import from_dict
 from gateway.runner import ServerThread
 from tests.gateway_support import Raw, client, kafka_config, running
+from tests.support.tansu import TansuBroker, free_port
 from tests.waiting import wait_until
 
 # Short default so that "non-numeric timeout -> default" is quick to observe.

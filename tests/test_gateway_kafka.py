@@ -17,7 +17,6 @@ import redis
 from confluent_kafka import ConsumerGroupState
 from confluent_kafka.admin import AdminClient
 
-from backends.kafka.tansu import TansuBroker
 from gateway.runner import ServerThread
 from tests.gateway_support import (
     client,
@@ -25,6 +24,7 @@ from tests.gateway_support import (
     kafka_config,
     running,
 )
+from tests.support.tansu import TansuBroker
 from tests.waiting import wait_until
 
 

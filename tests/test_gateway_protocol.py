@@ -19,10 +19,10 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from backends.base import Stats
-from backends.kafka.tansu import TansuBroker
 from gateway import __version__
 from gateway.runner import ServerThread
 from tests.gateway_support import Raw, client, kafka_config, running
+from tests.support.tansu import TansuBroker
 from tests.waiting import wait_until
 
 

@@ -8,10 +8,10 @@ import time
 from collections.abc import Mapping, Sequence
 
 from backends.base import Consumer, Engine, Producer, Record, Stats
-from backends.kafka.tansu import TansuBroker
 from gateway.config import Config
 from gateway.runner import ServerThread
 from tests.gateway_support import Raw, client, configured_engine, kafka_config
+from tests.support.tansu import TansuBroker
 from tests.waiting import wait_until
 
 

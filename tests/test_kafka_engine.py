@@ -37,8 +37,8 @@ from backends.base import (
 from backends.kafka.consumer import BATCH, KafkaConsumer
 from backends.kafka.engine import KafkaEngine
 from backends.kafka.settings import KafkaSettings
-from backends.kafka.tansu import TansuBroker, free_port
 from backends.settings import REDACTED, JsonNumber
+from tests.support.tansu import TansuBroker, free_port
 
 pytestmark = pytest.mark.kafka
 
