@@ -16,6 +16,7 @@ import pytest
 import redis
 
 from backends.kafka.settings import KafkaSettings
+from backends.registry import ENGINES
 from gateway import __version__
 from gateway.config import REDACTED, Config, ConfigError, from_args, from_dict
 from tests.support.tansu import TansuBroker, free_port
@@ -106,7 +107,7 @@ def test_gateway_section_and_flags(tmp_path: Path) -> None:
         ({"general": {"a": [1]}}, "general.a: nested objects and arrays are not allowed"),
         ({"producer": {"a": None}}, "producer.a: must be a string, a number or a boolean"),
         ({"consumer": []}, "section 'consumer' must be a JSON object"),
-        ({"gateway": {"engine": "x"}}, "gateway.engine must be one of kafka, got 'x'"),
+        ({"gateway": {"engine": "x"}}, "gateway.engine must be one of kafka"),
         ({"gateway": {"port": "6380"}}, "gateway.port must be an integer"),
         ({"gateway": {"port": 70000}}, "gateway.port must be >= 0 and <= 65535"),
         ({"gateway": {"idle_timeout": -1}}, "gateway.idle_timeout must be a finite number >= 0"),
@@ -245,5 +246,7 @@ def test_the_gateway_names_the_engine_and_loads_only_that_one() -> None:
     subprocess.run([sys.executable, "-c", probe], check=True, timeout=30)
     assert Config().engine == "kafka"
     assert kafka_settings(Config()).producer == {}, "no document: the engine's defaults"
-    with pytest.raises(ConfigError, match=r"^gateway.engine must be one of kafka, got 'x'$"):
+    # The names come from the registry (where the tests add their in-memory engine).
+    with pytest.raises(ConfigError) as unknown:
         Config(engine="x")
+    assert str(unknown.value) == f"gateway.engine must be one of {', '.join(ENGINES)}, got 'x'"

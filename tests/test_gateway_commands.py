@@ -13,7 +13,8 @@ import redis
 
 from gateway.config import from_dict
 from gateway.runner import ServerThread
-from tests.gateway_support import Raw, client, kafka_config, running
+from tests.support.fixtures import GatewayConfig
+from tests.support.gateway import Raw, client, running
 from tests.support.tansu import TansuBroker, free_port
 from tests.waiting import wait_until
 
@@ -22,8 +23,8 @@ DEFAULT_TIMEOUT = 1.0
 
 
 @pytest.fixture(scope="module")
-def server(tansu: TansuBroker) -> Iterator[ServerThread]:
-    config = kafka_config(tansu, {"blpop_default_timeout": DEFAULT_TIMEOUT})
+def server(gateway_config: GatewayConfig) -> Iterator[ServerThread]:
+    config = gateway_config("kafka", blpop_default_timeout=DEFAULT_TIMEOUT)
     with running(config) as gateway:
         yield gateway
 

@@ -1,4 +1,5 @@
-"""The shutdown sequence (spec §7 with the documented intent; A15, G1)."""
+"""The shutdown sequence (spec §7 with the documented intent; A15, G1), on the in-memory
+engine and on the Kafka engine (Tansu): the sequence is the gateway's, whatever the engine."""
 
 from __future__ import annotations
 
@@ -7,11 +8,13 @@ import socket
 import time
 from collections.abc import Mapping, Sequence
 
+import pytest
+
 from backends.base import Consumer, Engine, Producer, Record, Stats
 from gateway.config import Config
 from gateway.runner import ServerThread
-from tests.gateway_support import Raw, client, configured_engine, kafka_config
-from tests.support.tansu import TansuBroker
+from tests.support.fixtures import EngineFactories, GatewayConfig
+from tests.support.gateway import Raw, client, configured_engine
 from tests.waiting import wait_until
 
 
@@ -75,6 +78,12 @@ def refused(port: int) -> bool:
     return False
 
 
+@pytest.fixture(params=["memory", "kafka"])
+def engine_name(request: pytest.FixtureRequest) -> str:
+    name: str = request.param
+    return name
+
+
 def blpop_waiting(server: ServerThread, name: str, topic: str) -> Raw:
     raw = Raw(server.port, timeout=20)
     raw.command("CLIENT", "SETNAME", name)
@@ -86,9 +95,11 @@ def blpop_waiting(server: ServerThread, name: str, topic: str) -> Raw:
     return raw
 
 
-def test_shutdown_sequence(tansu: TansuBroker) -> None:  # A15, G1
-    topic = tansu.create_topic()
-    config = kafka_config(tansu, {"shutdown_timeout": 30})
+def test_shutdown_sequence(  # A15, G1
+    engine_name: str, gateway_config: GatewayConfig, engines: EngineFactories
+) -> None:
+    topic = engines(engine_name).new_topic()
+    config = gateway_config(engine_name, shutdown_timeout=30)
     engine = engine_for(config)
     server = ServerThread(config, engine=engine).start()
     try:
@@ -132,9 +143,11 @@ async def _set(event: asyncio.Event) -> None:
     event.set()
 
 
-def test_shutdown_is_bounded(tansu: TansuBroker) -> None:
-    topic = tansu.create_topic(1)
-    config = kafka_config(tansu, {"shutdown_timeout": 1})
+def test_shutdown_is_bounded(
+    engine_name: str, gateway_config: GatewayConfig, engines: EngineFactories
+) -> None:
+    topic = engines(engine_name).new_topic(1)
+    config = gateway_config(engine_name, shutdown_timeout=1)
     engine = engine_for(config)
     server = ServerThread(config, engine=engine).start()
     consumer = blpop_waiting(server, "bound:cons", topic)
@@ -149,9 +162,9 @@ def test_shutdown_is_bounded(tansu: TansuBroker) -> None:
 
 
 def test_closed_connection_is_released_and_exit_closes_the_listener(
-    tansu: TansuBroker,
+    engine_name: str, gateway_config: GatewayConfig
 ) -> None:
-    config = kafka_config(tansu)
+    config = gateway_config(engine_name)
     with ServerThread(config) as server:
         with client(server) as c:
             assert c.ping()
@@ -169,8 +182,8 @@ class CountingStopEngine(HoldingEngine):
         await super().stop()
 
 
-def test_shutdown_twice_is_one_shutdown(tansu: TansuBroker) -> None:
-    config = kafka_config(tansu)
+def test_shutdown_twice_is_one_shutdown(engine_name: str, gateway_config: GatewayConfig) -> None:
+    config = gateway_config(engine_name)
     engine = CountingStopEngine(configured_engine(config))
     server = ServerThread(config, engine=engine).start()
     futures = [server.shutdown_async() for _ in range(2)]
@@ -196,8 +209,10 @@ async def _monitor_state(server: ServerThread) -> tuple[int, list[str]]:
     return len(server.server.ctx.monitors), tasks
 
 
-def test_abandoned_connection_releases_its_monitor(tansu: TansuBroker) -> None:
-    config = kafka_config(tansu, {"shutdown_timeout": 0.5})
+def test_abandoned_connection_releases_its_monitor(
+    engine_name: str, gateway_config: GatewayConfig
+) -> None:
+    config = gateway_config(engine_name, shutdown_timeout=0.5)
     engine = HeldTopicsEngine(configured_engine(config))
     server = ServerThread(config, engine=engine).start()
     try:
