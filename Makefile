@@ -29,7 +29,7 @@ system-packages:
 	fi
 
 run: venv
-	$(BIN)/python -m gateway.devrun --port $(PORT)
+	$(BIN)/python -m tests.support.devrun_kafka --port $(PORT)
 
 lint: venv
 	$(BIN)/ruff check gateway backends tests e2e bench

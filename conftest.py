@@ -1,14 +1,13 @@
-"""Shared fixtures: real servers started by the tests themselves."""
+"""Shared fixtures: real servers started by the tests themselves (tests/support/fixtures.py)."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 
 import pytest
 import structlog
 
-from backends.kafka.tansu import TansuBroker
+pytest_plugins = ["tests.support.fixtures"]
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -24,10 +23,3 @@ def pytest_configure(config: pytest.Config) -> None:
         wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
         cache_logger_on_first_use=False,
     )
-
-
-@pytest.fixture(scope="session")
-def tansu() -> Iterator[TansuBroker]:
-    """One Tansu broker for the whole run; tests use their own random topic names."""
-    with TansuBroker() as broker:
-        yield broker

@@ -3,6 +3,20 @@
 The gateway only talks to these classes. An engine is constructed with the
 server-wide `Stats`, counts what it does there, and raises the errors below with
 the exact text (without the `CONS `/`PROD `/`ERR ` prefix, which the gateway adds).
+
+Partitions and offsets are what clients see in BLPOP replies and send back in
+`RPUSH acks <topic>:<partition>:<offset>`, so an engine that has to invent them (Dafka
+has neither) must give them Kafka's meaning:
+
+- A partition is a small non-negative int (< 2**31). It is stable across restarts and
+  means the same partition on every gateway of one deployment: a client may ack on a
+  new connection, through another gateway, after a restart.
+- An offset is a non-negative int, per partition, strictly increasing by one from one
+  record of the partition to the next, never reused.
+- `ack(topic, partition, offset)` commits `offset + 1`: the position of the next record
+  the group wants. A member that takes the partition over starts there.
+- Records of one partition are handed out in offset order; records with the same key
+  land in the same partition.
 """
 
 from __future__ import annotations
@@ -11,6 +25,7 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeAlias
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +38,28 @@ class Record:
     key: bytes | None
     value: bytes | None
     timestamp_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineOptions:
+    """The gateway's own settings (its `gateway` section) that engines need too."""
+
+    # Bound on a topic listing (KEYS topics:), seconds.
+    metadata_timeout: float = 5.0
+    # Records a consumer may fetch ahead of its BLPOPs: a consumer holds at most this
+    # many in memory.
+    consume_batch: int = 500
+    # How long stop() may wait for records still not durable, seconds.
+    stop_flush_timeout: float = 5.0
+
+
+# An engine's parsed configuration sections, as its parse_settings() returns them (see
+# backends.registry): the gateway keeps them without looking into them.
+EngineSettings: TypeAlias = object
+
+
+class EngineConfigError(Exception):
+    """An engine's configuration section is wrong; the text names the key."""
 
 
 class EngineError(Exception):
@@ -51,6 +88,12 @@ class AckError(EngineError):
 
 class MetadataError(EngineError):
     """Topic listing failed (gateway answers `ERR Error getting metadata: <text>`)."""
+
+
+class MetadataClientError(MetadataError):
+    """Topic listing failed because the engine could not make the client it lists topics
+    with (gateway answers `ERR Error spawning producer: <text>`, Rafka's text: it listed
+    topics through the connection's producer)."""
 
 
 class Stats:
@@ -199,15 +242,18 @@ class Engine(ABC):
         group: str,
         name: str,
         topics: Sequence[str],
-        overrides: Mapping[str, str],
+        settings: Mapping[str, object],
     ) -> Consumer:
-        """A new group member subscribed to `topics`.
+        """A new member of consumer group `group` subscribed to `topics`.
 
-        `name` is the client.id; `overrides` are the client's JSON settings, applied
-        over the server's consumer configuration (group.id and client.id win over them).
-        Raises ConsumerCreationError.
+        `name` is the member's name within the group (the client's id). `settings` are
+        the client's BLPOP JSON settings as decoded: str, bool, `JsonNumber` (a str
+        keeping the number's literal text), and whatever else the JSON held (nested
+        objects, lists, None), which the engine refuses. The engine applies them over
+        its own consumer configuration; group and name win over them. Raises
+        ConsumerCreationError, also for a setting it cannot use.
         """
 
     @abstractmethod
     async def topics(self) -> list[str]:
-        """Every topic name the engine knows; raises MetadataError."""
+        """Every topic name the engine knows; raises MetadataError (or a subclass) only."""

@@ -12,6 +12,7 @@ Prints figures and ratios; never passes or fails anything. Usage: `make bench`, 
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 import tempfile
@@ -23,8 +24,11 @@ from confluent_kafka import Consumer, Producer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from backends.kafka.tansu import TansuBroker, free_port
-from e2e.helpers import RafkaProcess, gateway_config, write_config
+from backends.kafka.settings import KafkaSettings, parse_settings
+from backends.settings import json_decoder
+from e2e.helpers import RafkaProcess, write_config
+from tests.support.kafka import kafka_document
+from tests.support.tansu import TansuBroker, free_port
 from tests.waiting import wait_until
 
 VALUE = "x" * 100
@@ -117,18 +121,15 @@ def gateway_produce_multi(port: int, topic: str, records: int, per_command: int)
     return records / elapsed
 
 
-def producer_settings(bootstrap: str) -> dict[str, object]:
-    """The gateway's producer properties (go.* are Rafka's, not librdkafka's): the direct
-    producer batches exactly as the gateway's does, so the ratio is the gateway's cost."""
-    settings = gateway_config(bootstrap)["producer"]
-    return {
-        "bootstrap.servers": bootstrap,
-        **{key: value for key, value in settings.items() if not key.startswith("go.")},
-    }
+def gateway_properties(bootstrap: str) -> KafkaSettings:
+    """The librdkafka properties of the gateway under test, as its Kafka engine reads them
+    from the configuration file: the direct clients are configured exactly as the
+    gateway's, so the ratio is the gateway's cost."""
+    return parse_settings(json_decoder().decode(json.dumps(kafka_document(bootstrap))))
 
 
 def direct_produce(bootstrap: str, topic: str, records: int) -> float:
-    producer = Producer(producer_settings(bootstrap))
+    producer = Producer(dict(gateway_properties(bootstrap).producer))
     start = time.perf_counter()
     for _ in range(records):
         while True:
@@ -157,15 +158,7 @@ def gateway_consume(port: int, topic: str, records: int) -> float:
 
 
 def direct_consume(bootstrap: str, topic: str, records: int) -> float:
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"direct-{topic}",
-            "auto.offset.reset": "earliest",
-            "session.timeout.ms": 2000,
-            "heartbeat.interval.ms": 500,
-        }
-    )
+    consumer = Consumer({**gateway_properties(bootstrap).consumer, "group.id": f"direct-{topic}"})
     consumer.subscribe([topic])
     first = None
     while first is None:

@@ -8,37 +8,12 @@ import socket
 import sys
 from pathlib import Path
 
-from backends.kafka.tansu import free_port
 from backends.process import Child, start
+from tests.support.kafka import kafka_document
+from tests.support.tansu import free_port
 
 RAFKA = Path(sys.executable).parent / "rafka"
 REPO = Path(__file__).resolve().parent.parent
-
-
-def gateway_config(bootstrap: str) -> dict[str, dict[str, object]]:
-    """Rafka's test configuration (spec §8.2), adapted to modern librdkafka and Tansu."""
-    return {
-        "general": {
-            "bootstrap.servers": bootstrap,
-            "session.timeout.ms": 2000,
-            "heartbeat.interval.ms": 500,
-            "log_level": 0,
-        },
-        "consumer": {
-            "go.events.channel.enable": False,
-            "go.application.rebalance.enable": False,
-            "enable.auto.commit": True,
-            "auto.commit.interval.ms": 500,
-            "enable.auto.offset.store": False,
-            "auto.offset.reset": "earliest",
-        },
-        "producer": {
-            "go.delivery.reports": True,
-            "queue.buffering.max.ms": 0,
-            "allow.auto.create.topics": False,
-            "topic.metadata.propagation.max.ms": 200,
-        },
-    }
 
 
 def port_answers_ping(port: int) -> bool:
@@ -90,5 +65,6 @@ class RafkaProcess:
 
 
 def write_config(path: Path, bootstrap: str) -> Path:
-    path.write_text(json.dumps(gateway_config(bootstrap), indent=2))
+    """The tests' Kafka configuration (tests/support/kafka.py) as a `rafka -c` file."""
+    path.write_text(json.dumps(kafka_document(bootstrap), indent=2))
     return path

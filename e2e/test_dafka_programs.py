@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from rocksdict import AccessType, Options, Rdict
 
-from backends.kafka.tansu import free_port
 from backends.process import spawn
+from tests.support.tansu import free_port
 from tests.waiting import wait_until
 
 BIN = Path(sys.executable).parent

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from backends.kafka.tansu import TansuBroker
 from e2e.helpers import REPO, RafkaProcess, write_config
+from tests.support.tansu import TansuBroker
 
 RUBY_CLIENT = REPO / "clients" / "ruby-example" / "rafka_example.rb"
 

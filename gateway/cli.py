@@ -6,7 +6,6 @@ import asyncio
 import sys
 from collections.abc import Sequence
 
-import confluent_kafka
 import structlog
 
 from gateway import __version__, logs
@@ -29,12 +28,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"rafka: {error}", file=sys.stderr)
         return 1
     logs.configure(config.log_format, config.log_level)
-    log.info(
-        "starting",
-        version=__version__,
-        librdkafka=confluent_kafka.libversion()[0],
-        config=config.redacted(),
-    )
+    # The engine describes its own settings in there (the Kafka engine: with librdkafka's
+    # version).
+    log.info("starting", version=__version__, config=config.redacted())
     try:
         asyncio.run(serve(config))
     except OSError as error:  # e.g. the port is taken

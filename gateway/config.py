@@ -1,17 +1,17 @@
-"""Configuration: Rafka's librdkafka JSON file plus our `gateway` section and CLI flags.
+"""Configuration: Rafka's JSON file plus our `gateway` section and CLI flags.
 
 Built once, at start, into the frozen `Config`. Precedence, highest first: command-line
 flags, the file's `gateway` section, the defaults below.
 
-File format (Rafka 0.6.2, spec §8.2)::
+File format (Rafka 0.6.2, spec §8.2, plus `gateway`)::
 
     {"general": {...}, "consumer": {...}, "producer": {...}, "gateway": {...}}
 
-- `general` is merged under `consumer` and `producer` for keys they do not set.
-- Values are strings, numbers (kept as their literal JSON text) or booleans
-  ("true"/"false"); anything else is refused at load time, naming the key.
-- `go.*` keys (Go client settings) are accepted and stripped.
-- Missing sections are empty; unknown top-level keys are ignored, as in Rafka.
+The gateway reads only its own `gateway` section, whose `engine` names the engine. That
+engine reads its own sections of the same document (the Kafka engine: Rafka's
+`general`, `consumer` and `producer`; see backends.registry) into settings the gateway
+keeps without looking into them. Numbers are decoded as Go did (`JsonNumber`). Missing
+sections are empty; unknown top-level keys are ignored, as in Rafka.
 """
 
 from __future__ import annotations
@@ -20,27 +20,21 @@ import argparse
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
+from backends.base import EngineConfigError, EngineOptions, EngineSettings
+from backends.registry import DEFAULT_ENGINE, ENGINES, engine_entry
+from backends.settings import REDACTED, JsonNumber, json_decoder
 from gateway import __version__
 
-REDACTED = "[redacted]"
-SECRET_MARKERS = ("password", "secret", "sasl.oauthbearer", "ssl.key", "token")
-ENGINES = ("kafka",)
 LOG_FORMATS = ("console", "json")
 LOG_LEVELS = ("debug", "info", "warning", "error")
-LIBRDKAFKA_SECTIONS = ("general", "consumer", "producer")
 
 
 class ConfigError(Exception):
     """A bad configuration file or flag; the message names the problem."""
-
-
-def _empty() -> Mapping[str, str]:
-    return MappingProxyType({})
 
 
 @dataclass(frozen=True)
@@ -49,7 +43,7 @@ class Config:
 
     host: str = "0.0.0.0"
     port: int = 6380
-    engine: str = "kafka"
+    engine: str = DEFAULT_ENGINE
     # When set, clients must AUTH (or HELLO ... AUTH) before any other command.
     password: str | None = None
     max_clients: int = 10_000
@@ -75,51 +69,37 @@ class Config:
     monitor_queue_size: int = 1000
     log_format: str = "console"
     log_level: str = "info"
-    # librdkafka properties, `general` already merged in and `go.*` stripped.
-    consumer: Mapping[str, str] = field(default_factory=_empty)
-    producer: Mapping[str, str] = field(default_factory=_empty)
+    # What the engine's parse_settings() made of its sections of the document; None
+    # means those of an empty document.
+    engine_settings: EngineSettings = None
     config_path: str | None = None
 
+    def __post_init__(self) -> None:
+        if self.engine_settings is None:
+            # Frozen: the dataclass way to complete a field at construction.
+            object.__setattr__(self, "engine_settings", _engine_settings(self.engine, {}))
+        else:
+            _engine_name(self.engine)
+
+    def engine_options(self) -> EngineOptions:
+        """The settings of the `gateway` section that the engine needs too."""
+        return EngineOptions(
+            metadata_timeout=self.metadata_timeout, consume_batch=self.consume_batch
+        )
+
     def redacted(self) -> dict[str, Any]:
-        """The configuration as a dict fit for logging: every secret replaced."""
+        """The configuration as a dict fit for logging: every secret replaced, the
+        engine's settings as the engine describes them."""
         out: dict[str, Any] = {}
         for item in fields(self):
             value = getattr(self, item.name)
-            if item.name in ("consumer", "producer"):
-                out[item.name] = redact_properties(value)
+            if item.name == "engine_settings":
+                out[item.name] = engine_entry(self.engine).describe(value)
             elif item.name == "password" and value is not None:
                 out[item.name] = REDACTED
             else:
                 out[item.name] = value
         return out
-
-
-def is_secret(key: str) -> bool:
-    lowered = key.lower()
-    return any(marker in lowered for marker in SECRET_MARKERS)
-
-
-def redact_properties(properties: Mapping[str, str]) -> dict[str, str]:
-    return {k: (REDACTED if is_secret(k) else v) for k, v in properties.items()}
-
-
-class JsonNumber(str):
-    """A JSON number kept as its literal text (so 1e3 and 10000000000000000001 survive)."""
-
-
-def _decoder() -> json.JSONDecoder:
-    return json.JSONDecoder(parse_int=JsonNumber, parse_float=JsonNumber)
-
-
-def property_value(key: str, value: object) -> str:
-    """A librdkafka property value as text; raises ValueError for other JSON types."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):  # includes JsonNumber
-        return str(value)
-    if isinstance(value, dict | list):
-        raise ValueError(f"{key}: nested objects and arrays are not allowed")
-    raise ValueError(f"{key}: must be a string, a number or a boolean, got null")
 
 
 # --- gateway section ---------------------------------------------------------------------
@@ -160,14 +140,19 @@ def _as_text(key: str, value: object) -> str:
     return value
 
 
-def _engine(value: object) -> str:
-    if value == "dafka":
-        raise ConfigError("gateway.engine 'dafka' is not available in this version; use \"kafka\"")
-    return _as_choice("engine", value, ENGINES)
+def _engine_name(value: object) -> str:
+    return _as_choice("engine", value, tuple(ENGINES))
+
+
+def _engine_settings(engine: str, document: Mapping[str, object]) -> EngineSettings:
+    try:
+        return engine_entry(_engine_name(engine)).parse_settings(document)
+    except EngineConfigError as error:
+        raise ConfigError(str(error)) from None
 
 
 _GATEWAY_KEYS: dict[str, Any] = {
-    "engine": _engine,
+    "engine": _engine_name,
     "host": lambda v: _as_text("host", v),
     "port": lambda v: _as_int("port", v, 0, 65535),
     "password": lambda v: _as_text("password", v),
@@ -199,55 +184,20 @@ def _gateway_settings(section: Mapping[str, object]) -> dict[str, Any]:
     return settings
 
 
-# --- librdkafka sections -----------------------------------------------------------------
-
-
-def _properties(name: str, section: object) -> dict[str, str]:
-    if section is None:
-        return {}
-    if not isinstance(section, dict):
-        raise ConfigError(f"section '{name}' must be a JSON object")
-    out: dict[str, str] = {}
-    for key, value in section.items():
-        try:
-            out[key] = property_value(f"{name}.{key}", value)
-        except ValueError as error:
-            raise ConfigError(str(error)) from None
-    return out
-
-
-def _client_properties(
-    section: dict[str, str], general: Mapping[str, str], name: str
-) -> MappingProxyType[str, str]:
-    merged = {**general, **section}
-    size = merged.get("go.events.channel.size")
-    if size is not None:
-        try:
-            int(size)
-        except ValueError:
-            raise ConfigError(
-                f"{name}.go.events.channel.size must be an integer, got {size!r}"
-            ) from None
-    return MappingProxyType({k: v for k, v in merged.items() if not k.startswith("go.")})
-
-
 def parse_document(text: str, source: str) -> dict[str, Any]:
     """Check a configuration document; return Config keyword arguments."""
     try:
-        document = _decoder().decode(text)
+        document = json_decoder().decode(text)
     except json.JSONDecodeError as error:
         raise ConfigError(f"{source}: invalid JSON: {error}") from None
     if not isinstance(document, dict):
         raise ConfigError(f"{source}: the configuration must be a JSON object")
-    general = _properties("general", document.get("general"))
-    consumer = _properties("consumer", document.get("consumer"))
-    producer = _properties("producer", document.get("producer"))
     gateway = document.get("gateway")
     if gateway is not None and not isinstance(gateway, dict):
         raise ConfigError("section 'gateway' must be a JSON object")
     settings = _gateway_settings(gateway or {})
-    settings["consumer"] = _client_properties(consumer, general, "consumer")
-    settings["producer"] = _client_properties(producer, general, "producer")
+    engine = settings.get("engine", DEFAULT_ENGINE)
+    settings["engine_settings"] = _engine_settings(engine, document)
     return settings
 
 

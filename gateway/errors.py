@@ -153,6 +153,10 @@ def expected_topics_argument(arg: str) -> RespError:
     return err(f"Expected argument to be 'topics:', got {arg}")
 
 
+def metadata_client_failed(cause: str) -> RespError:
+    return err(f"Error spawning producer: {cause}")
+
+
 def metadata_failed(cause: str) -> RespError:
     return err(f"Error getting metadata: {cause}")
 

@@ -23,6 +23,7 @@ from typing import Any, cast
 import structlog
 
 from backends.base import Engine, Stats
+from backends.registry import engine_entry
 from gateway import errors
 from gateway.commands import dispatch
 from gateway.commands.base import Reply
@@ -503,25 +504,13 @@ class Server:
                 loop.remove_signal_handler(signum)
 
 
-def create_engine(config: Config, stats: Stats) -> Engine:
-    if config.engine == "kafka":
-        from backends.kafka.engine import KafkaEngine
-
-        return KafkaEngine(
-            stats,
-            config.consumer,
-            config.producer,
-            metadata_timeout=config.metadata_timeout,
-            consume_batch=config.consume_batch,
-        )
-    raise ValueError(f"unknown engine {config.engine!r}")
-
-
 async def start_server(config: Config, *, engine: Engine | None = None) -> Server:
-    """Start the engine and listen; the caller owns the Server and calls shutdown()."""
+    """Start the engine (the one `config` names, unless given) and listen; the caller
+    owns the Server and calls shutdown()."""
     stats = engine.stats if engine is not None else Stats()
     if engine is None:
-        engine = create_engine(config, stats)
+        entry = engine_entry(config.engine)
+        engine = entry.create(config.engine_settings, stats, config.engine_options())
     await engine.start()
     server = Server(ServerContext(config=config, engine=engine, stats=stats))
     try:

@@ -11,16 +11,24 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import confluent_kafka
 import pytest
 import redis
 
-from backends.kafka.tansu import TansuBroker, free_port
+from backends.kafka.settings import KafkaSettings
+from backends.registry import ENGINES
 from gateway import __version__
 from gateway.config import REDACTED, Config, ConfigError, from_args, from_dict
+from tests.support.tansu import TansuBroker, free_port
 from tests.waiting import wait_until
 
 # The console script installed with the package (pyproject [project.scripts]).
 RAFKA = [str(Path(sys.executable).parent / "rafka")]
+
+
+def kafka_settings(config: Config) -> KafkaSettings:
+    assert isinstance(config.engine_settings, KafkaSettings), config.engine_settings
+    return config.engine_settings
 
 
 def write(tmp_path: Path, document: object) -> str:
@@ -38,27 +46,27 @@ def test_general_is_merged_under_each_section_without_overriding(tmp_path: Path)
             "producer": {"go.delivery.reports": True, "go.events.channel.size": 1000},
         },
     )
-    config = from_args(["-c", path])
-    assert dict(config.consumer) == {
+    settings = kafka_settings(from_args(["-c", path]))
+    assert dict(settings.consumer) == {
         "bootstrap.servers": "a:1",
         "session.timeout.ms": "6000",
         "x": "c",
         "enable.auto.commit": "true",
     }
-    assert dict(config.producer) == {
+    assert dict(settings.producer) == {
         "bootstrap.servers": "a:1",
         "session.timeout.ms": "6000",
         "x": "g",
     }
-    assert config.config_path == path
+    assert from_args(["-c", path]).config_path == path
 
 
 def test_numbers_keep_their_literal_text_and_missing_sections_are_empty(tmp_path: Path) -> None:
     path = write(tmp_path, '{"consumer": {"a": 1.50, "b": 12345678901234567890, "c": 1e3}}')
-    config = from_args(["-c", path])
-    assert dict(config.consumer) == {"a": "1.50", "b": "12345678901234567890", "c": "1e3"}
-    assert dict(config.producer) == {}
-    assert from_args(["-c", write(tmp_path, {})]).consumer == {}
+    settings = kafka_settings(from_args(["-c", path]))
+    assert dict(settings.consumer) == {"a": "1.50", "b": "12345678901234567890", "c": "1e3"}
+    assert dict(settings.producer) == {}
+    assert kafka_settings(from_args(["-c", write(tmp_path, {})])).consumer == {}
 
 
 def test_gateway_section_and_flags(tmp_path: Path) -> None:
@@ -99,7 +107,6 @@ def test_gateway_section_and_flags(tmp_path: Path) -> None:
         ({"general": {"a": [1]}}, "general.a: nested objects and arrays are not allowed"),
         ({"producer": {"a": None}}, "producer.a: must be a string, a number or a boolean"),
         ({"consumer": []}, "section 'consumer' must be a JSON object"),
-        ({"gateway": {"engine": "dafka"}}, "gateway.engine 'dafka' is not available"),
         ({"gateway": {"engine": "x"}}, "gateway.engine must be one of kafka"),
         ({"gateway": {"port": "6380"}}, "gateway.port must be an integer"),
         ({"gateway": {"port": 70000}}, "gateway.port must be >= 0 and <= 65535"),
@@ -130,9 +137,8 @@ def test_secrets_are_redacted() -> None:
     shown = json.dumps(config.redacted())
     for secret in ("p1", "p2", "p3", "p4", "p5", "p6"):
         assert f'"{secret}"' not in shown
-    assert config.redacted()["consumer"]["bootstrap.servers"] == "b:1"
+    assert config.redacted()["engine_settings"]["consumer"]["bootstrap.servers"] == "b:1"
     assert config.redacted()["password"] == REDACTED
-    assert isinstance(config, Config)
 
 
 # --- the `rafka` command ---------------------------------------------------------------
@@ -224,4 +230,23 @@ def test_cli_serves_then_exits_0_on_sigterm(tmp_path: Path, tansu: TansuBroker) 
     assert "starting" in events and "Shutting down..." in events
     assert "hunter2" not in stderr
     started = next(line for line in lines if line["event"] == "starting")
-    assert started["config"]["producer"]["sasl.password"] == REDACTED
+    engine = started["config"]["engine_settings"]
+    assert engine["producer"]["sasl.password"] == REDACTED
+    assert engine["librdkafka"] == confluent_kafka.libversion()[0]
+
+
+def test_the_gateway_names_the_engine_and_loads_only_that_one() -> None:
+    # An engine's libraries (librdkafka here) load only once the configuration chose it.
+    probe = (
+        "import sys, gateway.cli, gateway.resp_server, gateway.config as c\n"
+        "assert 'confluent_kafka' not in sys.modules, 'loaded before any configuration'\n"
+        "c.from_dict({})\n"
+        "assert 'backends.kafka' in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", probe], check=True, timeout=30)
+    assert Config().engine == "kafka"
+    assert kafka_settings(Config()).producer == {}, "no document: the engine's defaults"
+    # The names come from the registry (where the tests add their in-memory engine).
+    with pytest.raises(ConfigError) as unknown:
+        Config(engine="x")
+    assert str(unknown.value) == f"gateway.engine must be one of {', '.join(ENGINES)}, got 'x'"

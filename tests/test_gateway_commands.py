@@ -11,9 +11,11 @@ from typing import Any
 import pytest
 import redis
 
-from backends.kafka.tansu import TansuBroker
+from gateway.config import from_dict
 from gateway.runner import ServerThread
-from tests.gateway_support import Raw, client, kafka_config, running
+from tests.support.fixtures import GatewayConfig
+from tests.support.gateway import Raw, client, running
+from tests.support.tansu import TansuBroker, free_port
 from tests.waiting import wait_until
 
 # Short default so that "non-numeric timeout -> default" is quick to observe.
@@ -21,8 +23,8 @@ DEFAULT_TIMEOUT = 1.0
 
 
 @pytest.fixture(scope="module")
-def server(tansu: TansuBroker) -> Iterator[ServerThread]:
-    config = kafka_config(tansu, {"blpop_default_timeout": DEFAULT_TIMEOUT})
+def server(gateway_config: GatewayConfig) -> Iterator[ServerThread]:
+    config = gateway_config("kafka", blpop_default_timeout=DEFAULT_TIMEOUT)
     with running(config) as gateway:
         yield gateway
 
@@ -291,6 +293,26 @@ def test_keys_lists_topics(server: ServerThread, topic: str) -> None:  # A12, G1
     names: Any = client(server).keys("topics:")
     assert f"topics:{topic}".encode() in names
     assert all(name.startswith(b"topics:") for name in names)
+
+
+def test_keys_and_rpushx_failures_keep_rafkas_texts(tansu: TansuBroker) -> None:  # #19, #25, #26
+    document = {
+        "general": {"bootstrap.servers": tansu.bootstrap},
+        "producer": {"foo": "bar"},
+        "gateway": {"host": "127.0.0.1", "port": 0},
+    }
+    with running(from_dict(document)) as bad, Raw(bad.port) as raw:
+        raw.command("KEYS", "topics:")
+        raw.expect(b'-ERR Error spawning producer: No such configuration property: "foo"\r\n')
+        raw.command("RPUSHX", "topics:x", "v")
+        raw.expect(b'-PROD Error spawning producer: No such configuration property: "foo"\r\n')
+    nobody = {
+        "general": {"bootstrap.servers": f"127.0.0.1:{free_port()}", "log_level": 0},
+        "gateway": {"host": "127.0.0.1", "port": 0, "metadata_timeout": 0.2},
+    }
+    with running(from_dict(nobody)) as unreachable, Raw(unreachable.port) as raw:
+        raw.command("KEYS", "topics:")
+        assert raw.read_line().startswith(b"-ERR Error getting metadata: Local: ")
 
 
 def test_redis_py_errors_surface_as_response_errors(server: ServerThread) -> None:

@@ -1,7 +1,7 @@
 """The RESP surface over real sockets: framing, pipelining, limits, HELLO/AUTH, MONITOR.
 
-The server runs with a real KafkaEngine pointed at the Tansu fixture; none of these
-tests needs a consumer group.
+None of these tests depends on what the engine does, and the gateway must not depend on
+which engine it runs: each runs on the in-memory engine and on the Kafka engine (Tansu).
 """
 
 from __future__ import annotations
@@ -19,16 +19,22 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from backends.base import Stats
-from backends.kafka.tansu import TansuBroker
 from gateway import __version__
 from gateway.runner import ServerThread
-from tests.gateway_support import Raw, client, kafka_config, running
+from tests.support.fixtures import GatewayConfig
+from tests.support.gateway import Raw, client, running
 from tests.waiting import wait_until
 
 
+@pytest.fixture(scope="module", params=["memory", "kafka"])
+def engine_name(request: pytest.FixtureRequest) -> str:
+    name: str = request.param
+    return name
+
+
 @pytest.fixture(scope="module")
-def server(tansu: TansuBroker) -> Iterator[ServerThread]:
-    with running(kafka_config(tansu)) as gateway:
+def server(engine_name: str, gateway_config: GatewayConfig) -> Iterator[ServerThread]:
+    with running(gateway_config(engine_name)) as gateway:
         yield gateway
 
 
@@ -146,8 +152,11 @@ def test_protocol_error_closes_only_that_connection(server: ServerThread) -> Non
         bystander.expect(b"+PONG\r\n")
 
 
-def test_too_many_arguments_with_rafka_limit(tansu: TansuBroker) -> None:  # A14
-    with running(kafka_config(tansu, {"max_arguments": 20})) as limited, Raw(limited.port) as raw:
+def test_too_many_arguments_with_rafka_limit(  # A14
+    engine_name: str, gateway_config: GatewayConfig
+) -> None:
+    config = gateway_config(engine_name, max_arguments=20)
+    with running(config) as limited, Raw(limited.port) as raw:
         raw.command(*(["PING"] * 20))
         raw.expect(b"+PONG\r\n")
         raw.command(*(["PING"] * 21))
@@ -155,8 +164,8 @@ def test_too_many_arguments_with_rafka_limit(tansu: TansuBroker) -> None:  # A14
         raw.assert_closed()
 
 
-def test_max_clients(tansu: TansuBroker) -> None:
-    with running(kafka_config(tansu, {"max_clients": 2})) as small:
+def test_max_clients(engine_name: str, gateway_config: GatewayConfig) -> None:
+    with running(gateway_config(engine_name, max_clients=2)) as small:
         first, second = Raw(small.port), Raw(small.port)
         for raw in (first, second):
             raw.command("PING")
@@ -172,8 +181,10 @@ def test_max_clients(tansu: TansuBroker) -> None:
         second.close()
 
 
-def test_idle_timeout_closes_silent_connections(tansu: TansuBroker) -> None:
-    with running(kafka_config(tansu, {"idle_timeout": 0.3})) as idle, Raw(idle.port) as raw:
+def test_idle_timeout_closes_silent_connections(
+    engine_name: str, gateway_config: GatewayConfig
+) -> None:
+    with running(gateway_config(engine_name, idle_timeout=0.3)) as idle, Raw(idle.port) as raw:
         raw.command("PING")
         raw.expect(b"+PONG\r\n")
         started = time.monotonic()
@@ -279,8 +290,8 @@ def test_auth_not_configured(server: ServerThread) -> None:
         )
 
 
-def test_auth_flow(tansu: TansuBroker) -> None:
-    with running(kafka_config(tansu, {"password": "s3cret"})) as locked:
+def test_auth_flow(engine_name: str, gateway_config: GatewayConfig) -> None:
+    with running(gateway_config(engine_name, password="s3cret")) as locked:
         with Raw(locked.port) as raw:
             raw.command("PING")
             raw.expect(b"-NOAUTH Authentication required.\r\n")
@@ -333,9 +344,9 @@ def test_monitor_sees_other_clients(server: ServerThread) -> None:  # A13
         assert lines[0].endswith(b'"PING"\r\n')  # its own command is published too
 
 
-def test_connection_counters(tansu: TansuBroker) -> None:
+def test_connection_counters(engine_name: str, gateway_config: GatewayConfig) -> None:
     # A server of its own: other tests' connections would move the gauge meanwhile.
-    with running(kafka_config(tansu)) as server:
+    with running(gateway_config(engine_name)) as server:
         _check_connection_counters(server)
 
 

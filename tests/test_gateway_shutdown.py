@@ -1,4 +1,5 @@
-"""The shutdown sequence (spec §7 with the documented intent; A15, G1)."""
+"""The shutdown sequence (spec §7 with the documented intent; A15, G1), on the in-memory
+engine and on the Kafka engine (Tansu): the sequence is the gateway's, whatever the engine."""
 
 from __future__ import annotations
 
@@ -7,17 +8,18 @@ import socket
 import time
 from collections.abc import Mapping, Sequence
 
+import pytest
+
 from backends.base import Consumer, Engine, Producer, Record, Stats
-from backends.kafka.engine import KafkaEngine
-from backends.kafka.tansu import TansuBroker
 from gateway.config import Config
 from gateway.runner import ServerThread
-from tests.gateway_support import Raw, client, kafka_config
+from tests.support.fixtures import EngineFactories, GatewayConfig
+from tests.support.gateway import Raw, client, configured_engine
 from tests.waiting import wait_until
 
 
 class HeldConsumer(Consumer):
-    """A real Kafka consumer whose close() first waits for the test's release.
+    """A real consumer whose close() first waits for the test's release.
 
     Not a failure double: it only holds the shutdown in its "consumers are closing"
     step, which otherwise lasts too short a time to observe deterministically.
@@ -39,9 +41,9 @@ class HeldConsumer(Consumer):
 
 
 class HoldingEngine(Engine):
-    """The real KafkaEngine, with consumer close held by `release` (see HeldConsumer)."""
+    """The configured engine, with consumer close held by `release` (see HeldConsumer)."""
 
-    def __init__(self, inner: KafkaEngine) -> None:
+    def __init__(self, inner: Engine) -> None:
         super().__init__(inner.stats)
         self.inner = inner
         self.release = asyncio.Event()
@@ -56,16 +58,16 @@ class HoldingEngine(Engine):
         return self.inner.producer(session_id)
 
     async def consumer(
-        self, group: str, name: str, topics: Sequence[str], overrides: Mapping[str, str]
+        self, group: str, name: str, topics: Sequence[str], settings: Mapping[str, object]
     ) -> Consumer:
-        return HeldConsumer(await self.inner.consumer(group, name, topics, overrides), self.release)
+        return HeldConsumer(await self.inner.consumer(group, name, topics, settings), self.release)
 
     async def topics(self) -> list[str]:
         return await self.inner.topics()
 
 
 def engine_for(config: Config) -> HoldingEngine:
-    return HoldingEngine(KafkaEngine(Stats(), config.consumer, config.producer))
+    return HoldingEngine(configured_engine(config))
 
 
 def refused(port: int) -> bool:
@@ -74,6 +76,12 @@ def refused(port: int) -> bool:
     except ConnectionRefusedError:
         return True
     return False
+
+
+@pytest.fixture(params=["memory", "kafka"])
+def engine_name(request: pytest.FixtureRequest) -> str:
+    name: str = request.param
+    return name
 
 
 def blpop_waiting(server: ServerThread, name: str, topic: str) -> Raw:
@@ -87,9 +95,11 @@ def blpop_waiting(server: ServerThread, name: str, topic: str) -> Raw:
     return raw
 
 
-def test_shutdown_sequence(tansu: TansuBroker) -> None:  # A15, G1
-    topic = tansu.create_topic()
-    config = kafka_config(tansu, {"shutdown_timeout": 30})
+def test_shutdown_sequence(  # A15, G1
+    engine_name: str, gateway_config: GatewayConfig, engines: EngineFactories
+) -> None:
+    topic = engines(engine_name).new_topic()
+    config = gateway_config(engine_name, shutdown_timeout=30)
     engine = engine_for(config)
     server = ServerThread(config, engine=engine).start()
     try:
@@ -133,9 +143,11 @@ async def _set(event: asyncio.Event) -> None:
     event.set()
 
 
-def test_shutdown_is_bounded(tansu: TansuBroker) -> None:
-    topic = tansu.create_topic(1)
-    config = kafka_config(tansu, {"shutdown_timeout": 1})
+def test_shutdown_is_bounded(
+    engine_name: str, gateway_config: GatewayConfig, engines: EngineFactories
+) -> None:
+    topic = engines(engine_name).new_topic(1)
+    config = gateway_config(engine_name, shutdown_timeout=1)
     engine = engine_for(config)
     server = ServerThread(config, engine=engine).start()
     consumer = blpop_waiting(server, "bound:cons", topic)
@@ -150,9 +162,9 @@ def test_shutdown_is_bounded(tansu: TansuBroker) -> None:
 
 
 def test_closed_connection_is_released_and_exit_closes_the_listener(
-    tansu: TansuBroker,
+    engine_name: str, gateway_config: GatewayConfig
 ) -> None:
-    config = kafka_config(tansu)
+    config = gateway_config(engine_name)
     with ServerThread(config) as server:
         with client(server) as c:
             assert c.ping()
@@ -161,7 +173,7 @@ def test_closed_connection_is_released_and_exit_closes_the_listener(
 
 
 class CountingStopEngine(HoldingEngine):
-    """The real KafkaEngine, counting how often the server stops it."""
+    """The configured engine, counting how often the server stops it."""
 
     stops = 0
 
@@ -170,9 +182,9 @@ class CountingStopEngine(HoldingEngine):
         await super().stop()
 
 
-def test_shutdown_twice_is_one_shutdown(tansu: TansuBroker) -> None:
-    config = kafka_config(tansu)
-    engine = CountingStopEngine(KafkaEngine(Stats(), config.consumer, config.producer))
+def test_shutdown_twice_is_one_shutdown(engine_name: str, gateway_config: GatewayConfig) -> None:
+    config = gateway_config(engine_name)
+    engine = CountingStopEngine(configured_engine(config))
     server = ServerThread(config, engine=engine).start()
     futures = [server.shutdown_async() for _ in range(2)]
     for future in futures:
@@ -197,9 +209,11 @@ async def _monitor_state(server: ServerThread) -> tuple[int, list[str]]:
     return len(server.server.ctx.monitors), tasks
 
 
-def test_abandoned_connection_releases_its_monitor(tansu: TansuBroker) -> None:
-    config = kafka_config(tansu, {"shutdown_timeout": 0.5})
-    engine = HeldTopicsEngine(KafkaEngine(Stats(), config.consumer, config.producer))
+def test_abandoned_connection_releases_its_monitor(
+    engine_name: str, gateway_config: GatewayConfig
+) -> None:
+    config = gateway_config(engine_name, shutdown_timeout=0.5)
+    engine = HeldTopicsEngine(configured_engine(config))
     server = ServerThread(config, engine=engine).start()
     try:
         with Raw(server.port) as raw:

@@ -34,7 +34,8 @@ from confluent_kafka import (
 from confluent_kafka import Consumer as RdConsumer
 
 from backends.base import AckError, ConsumeError, Consumer, ConsumerCreationError, Record, Stats
-from backends.kafka.texts import creation_error_text, error_text, redacted
+from backends.kafka.texts import creation_error_text, error_text
+from backends.settings import redacted
 
 log = structlog.get_logger("rafka.kafka.consumer")
 

@@ -1,6 +1,6 @@
 """The Kafka engine: Apache Kafka (or a compatible broker) through librdkafka.
 
-Configuration arrives already merged by the gateway (Rafka's `general` section under
+Configuration arrives as `KafkaSettings` (Rafka's `general` section merged under
 `consumer` and `producer`, `go.*` keys stripped, every value a string).
 """
 
@@ -15,12 +15,15 @@ from confluent_kafka import KafkaException
 from backends.base import (
     ConsumerCreationError,
     Engine,
+    EngineOptions,
+    MetadataClientError,
     MetadataError,
     ProducerCreationError,
     Stats,
 )
-from backends.kafka.consumer import BATCH, MAX_BATCH, KafkaConsumer
+from backends.kafka.consumer import MAX_BATCH, KafkaConsumer
 from backends.kafka.producer import ProducerHandle, SharedProducer
+from backends.kafka.settings import KafkaSettings, consumer_overrides
 from backends.kafka.texts import error_text
 
 log = structlog.get_logger("rafka.kafka.engine")
@@ -31,26 +34,18 @@ STOPPED = "Engine stopped"
 class KafkaEngine(Engine):
     """One shared producer for every session, one librdkafka consumer per session."""
 
-    def __init__(
-        self,
-        stats: Stats,
-        consumer_config: Mapping[str, str],
-        producer_config: Mapping[str, str],
-        *,
-        metadata_timeout: float = 5.0,
-        stop_flush_timeout: float = 5.0,
-        consume_batch: int = BATCH,
-    ) -> None:
-        """`consume_batch`: records a consumer fetches from librdkafka at once (1..1e6);
-        lower it for large records, as up to that many wait in memory per consumer."""
+    def __init__(self, stats: Stats, settings: KafkaSettings, options: EngineOptions) -> None:
+        """`options.consume_batch`: records a consumer fetches from librdkafka at once
+        (1..1e6, confluent-kafka's limit)."""
         super().__init__(stats)
-        if not 1 <= consume_batch <= MAX_BATCH:
-            raise ValueError(f"consume_batch must be 1..{MAX_BATCH}, not {consume_batch}")
-        self._consumer_config = dict(consumer_config)
-        self._producer_config = dict(producer_config)
-        self._metadata_timeout = metadata_timeout
-        self._stop_flush_timeout = stop_flush_timeout
-        self._consume_batch = consume_batch
+        batch = options.consume_batch
+        if not 1 <= batch <= MAX_BATCH:
+            raise ValueError(f"consume_batch must be 1..{MAX_BATCH}, not {batch}")
+        self._consumer_config = dict(settings.consumer)
+        self._producer_config = dict(settings.producer)
+        self._metadata_timeout = options.metadata_timeout
+        self._stop_flush_timeout = options.stop_flush_timeout
+        self._consume_batch = batch
         self._producer: SharedProducer | None = None
         self._consumers: set[KafkaConsumer] = set()
         self._stopped = False
@@ -83,10 +78,11 @@ class KafkaEngine(Engine):
         group: str,
         name: str,
         topics: Sequence[str],
-        overrides: Mapping[str, str],
+        settings: Mapping[str, object],
     ) -> KafkaConsumer:
         if self._stopped:
             raise ConsumerCreationError(STOPPED)
+        overrides = consumer_overrides(settings)
         config = {**self._consumer_config, **overrides, "group.id": group, "client.id": name}
         consumer = await KafkaConsumer.open(
             config, topics, self.stats, label=f"{group}:{name}", batch=self._consume_batch
@@ -108,9 +104,12 @@ class KafkaEngine(Engine):
         """Every topic the cluster reports, internal ones included (as Rafka's KEYS).
 
         Uses the shared producer, creating it if needed: a bad producer configuration
-        raises ProducerCreationError here, as Rafka answered `Error spawning producer`.
+        raises MetadataClientError here, as Rafka answered `Error spawning producer`.
         """
-        rd = self._shared_producer().rd
+        try:
+            rd = self._shared_producer().rd
+        except ProducerCreationError as error:
+            raise MetadataClientError(str(error)) from None
         try:
             metadata = await asyncio.to_thread(rd.list_topics, timeout=self._metadata_timeout)
         except KafkaException as exc:

@@ -23,7 +23,8 @@ from confluent_kafka import KafkaError, KafkaException, Message
 from confluent_kafka import Producer as RdProducer
 
 from backends.base import ProduceError, Producer, ProducerCreationError, Stats
-from backends.kafka.texts import creation_error_text, error_text, redacted
+from backends.kafka.texts import creation_error_text, error_text
+from backends.settings import redacted
 
 log = structlog.get_logger("rafka.kafka.producer")
 

@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from confluent_kafka import KafkaError, KafkaException
-
-# Substrings of property names whose values must never reach a log line.
-_SECRET_MARKERS = ("password", "secret", "sasl.oauthbearer.config", "ssl.key.pem")
 
 
 def error_text(exc: KafkaException) -> str:
@@ -29,11 +24,3 @@ def creation_error_text(exc: BaseException) -> str:
     if isinstance(error, KafkaError):
         return str(error.str())
     return str(exc)
-
-
-def redacted(config: Mapping[str, str]) -> dict[str, str]:
-    """A copy of a librdkafka configuration that is safe to log."""
-    return {
-        name: "[redacted]" if any(mark in name for mark in _SECRET_MARKERS) else value
-        for name, value in config.items()
-    }

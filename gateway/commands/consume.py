@@ -11,9 +11,9 @@ from collections.abc import Mapping, Sequence
 import structlog
 
 from backends.base import AckError, ConsumeError, Consumer, EngineError, Record
+from backends.settings import JsonNumber, json_decoder
 from gateway import errors
 from gateway.commands.base import Reply, arg, text
-from gateway.config import property_value
 from gateway.goparse import GoParseError, parse_int, wrap_int64
 from gateway.resp import NULL_ARRAY
 from gateway.session import Session
@@ -27,14 +27,10 @@ _JSON_SPACE = " \t\n\r"
 # --- BLPOP key and timeout ---------------------------------------------------------------
 
 
-class _GoNumber(str):
-    """A JSON number kept as its literal text (Rafka's decoder uses json.Number)."""
-
-
 def _go_kind(value: object) -> str:
     if isinstance(value, bool):
         return "bool"
-    if isinstance(value, _GoNumber):
+    if isinstance(value, JsonNumber):
         return "number"
     if isinstance(value, str):
         return "string"
@@ -52,9 +48,8 @@ def parse_config_json(raw: str) -> dict[str, object] | None:
     stripped = raw.lstrip(_JSON_SPACE)
     if not stripped:
         raise errors.bad_consumer_config(raw, "EOF")
-    decoder = json.JSONDecoder(parse_int=_GoNumber, parse_float=_GoNumber)
     try:
-        value, _ = decoder.raw_decode(stripped)
+        value, _ = json_decoder().raw_decode(stripped)
     except json.JSONDecodeError as error:
         raise errors.bad_consumer_config(raw, str(error)) from None
     if value is None:
@@ -121,10 +116,6 @@ def blpop(session: Session, args: list[bytes]) -> Reply:
     return _create_then_next(session, topics, settings or {}, consumer_id, timeout)
 
 
-def _overrides(settings: Mapping[str, object]) -> dict[str, str]:
-    return {key: property_value(key, value) for key, value in settings.items()}
-
-
 async def _create_then_next(
     session: Session,
     topics: Sequence[str],
@@ -134,15 +125,11 @@ async def _create_then_next(
 ) -> Reply:
     ctx = session.ctx
     failed = errors.consumer_registration_failed(consumer_id, session.id)
-    try:
-        if not session.group:
-            raise ValueError("empty group.id")
-        overrides = _overrides(settings)
-    except ValueError as error:
-        log.warning("consumer creation failed", consumer=consumer_id, cause=str(error))
-        raise failed from None
+    if not session.group:
+        log.warning("consumer creation failed", consumer=consumer_id, cause="empty group")
+        raise failed
     creation = asyncio.ensure_future(
-        ctx.engine.consumer(session.group, session.client_name, topics, overrides)
+        ctx.engine.consumer(session.group, session.client_name, topics, settings)
     )
     try:
         # Shielded: if this connection goes away meanwhile, the consumer still gets closed.

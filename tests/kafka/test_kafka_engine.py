@@ -1,4 +1,6 @@
-"""The Kafka engine against a real Tansu broker (the session fixture `tansu`).
+"""The Kafka engine against a real Tansu broker (the session fixture `tansu`): what is
+librdkafka's own (error texts, properties, batching, threads). What every engine must
+do is in tests/engines/test_contract.py, which runs on this engine too.
 
 Group joins cost half of session.timeout.ms on Tansu (about 1 s here), so tests reuse
 their consumers and start the ones that are independent concurrently.
@@ -7,16 +9,17 @@ their consumers and start the ones that are independent concurrently.
 from __future__ import annotations
 
 import asyncio
-import functools
+import json
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, ParamSpec
+from typing import Any
 
 import pytest
+import structlog
 from confluent_kafka import ConsumerGroupState, KafkaError, Message
 from confluent_kafka import Producer as RawProducer
 from confluent_kafka.admin import AdminClient
@@ -25,6 +28,8 @@ from backends.base import (
     AckError,
     ConsumeError,
     ConsumerCreationError,
+    EngineOptions,
+    MetadataClientError,
     MetadataError,
     ProduceError,
     ProducerCreationError,
@@ -33,44 +38,26 @@ from backends.base import (
 )
 from backends.kafka.consumer import BATCH, KafkaConsumer
 from backends.kafka.engine import KafkaEngine
-from backends.kafka.tansu import TansuBroker, free_port
+from backends.kafka.settings import KafkaSettings, parse_settings
+from backends.settings import REDACTED, JsonNumber, json_decoder
+from tests.support.consuming import WAIT, asyncio_test, consume, new_group, timed
+from tests.support.kafka import kafka_document
+from tests.support.tansu import TansuBroker, free_port
+from tests.waiting import wait_until_async
 
 pytestmark = pytest.mark.kafka
 
-P = ParamSpec("P")
 
-# The original's test configuration (spec §8.2), adapted to Tansu and modern librdkafka.
-CONSUMER = {
-    "session.timeout.ms": "2000",
-    "heartbeat.interval.ms": "500",
-    "enable.auto.commit": "true",
-    "auto.commit.interval.ms": "1000",
-    "enable.auto.offset.store": "false",
-    "auto.offset.reset": "earliest",
-    "log_level": "3",
-}
-PRODUCER = {
-    "queue.buffering.max.ms": "0",
-    # Unknown topics must fail, and quickly (spec §15.2).
-    "allow.auto.create.topics": "false",
-    "topic.metadata.propagation.max.ms": "200",
-    "log_level": "3",
-}
-WAIT = 10.0  # seconds: the bound of every wait for something that should happen
-
-
-def asyncio_test(test: Callable[P, Coroutine[Any, Any, None]]) -> Callable[P, None]:
-    """Run an async test on a fresh event loop (pytest sees the original signature)."""
-
-    @functools.wraps(test)
-    def run(*args: P.args, **kwargs: P.kwargs) -> None:
-        asyncio.run(test(*args, **kwargs))
-
-    return run
-
-
-def new_group() -> str:
-    return f"g-{uuid.uuid4().hex[:6]}"
+def kafka_settings(
+    bootstrap: str, producer: dict[str, str] | None = None, consumer: dict[str, str] | None = None
+) -> KafkaSettings:
+    """The tests' Kafka settings (tests/support/kafka.py), with `producer` and `consumer`
+    properties over them."""
+    document = kafka_document(bootstrap)
+    document["producer"].update(producer or {})
+    document["consumer"].update(consumer or {})
+    decoded = json_decoder().decode(json.dumps(document))  # as from a file
+    return parse_settings(decoded)
 
 
 @asynccontextmanager
@@ -83,40 +70,14 @@ async def running_engine(
 ) -> AsyncIterator[KafkaEngine]:
     engine = KafkaEngine(
         Stats(),
-        {**CONSUMER, "bootstrap.servers": bootstrap, **(consumer or {})},
-        {**PRODUCER, "bootstrap.servers": bootstrap, **(producer or {})},
-        metadata_timeout=metadata_timeout,
-        consume_batch=consume_batch,
+        kafka_settings(bootstrap, producer, consumer),
+        EngineOptions(metadata_timeout=metadata_timeout, consume_batch=consume_batch),
     )
     await engine.start()
     try:
         yield engine
     finally:
         await engine.stop()
-
-
-async def consume(consumer: KafkaConsumer, count: int, ack: bool = False) -> list[Record]:
-    """`count` records within WAIT seconds, acked if asked; fails saying what arrived."""
-    records: list[Record] = []
-    deadline = time.monotonic() + WAIT
-    while len(records) < count:
-        remaining = deadline - time.monotonic()
-        record = await consumer.next(remaining) if remaining > 0 else None
-        if record is None:
-            got = [r.value for r in records]
-            pytest.fail(f"expected {count} records within {WAIT}s, got {len(got)}: {got}")
-        if ack:
-            consumer.ack(record.topic, record.partition, record.offset)
-        records.append(record)
-    return records
-
-
-async def wait_until(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what} did not happen within {WAIT}s")
-        await asyncio.sleep(0.02)
 
 
 def hold_loop_until(condition: Callable[[], bool]) -> None:
@@ -134,20 +95,7 @@ def rafka_threads() -> set[str]:
     return {t.name for t in threading.enumerate() if t.name.startswith("rafka-")}
 
 
-async def timed(awaitable: Awaitable[Any]) -> tuple[Any, float]:
-    start = time.monotonic()
-    result = await awaitable
-    return result, time.monotonic() - start
-
-
 # --- metadata -------------------------------------------------------------------------
-
-
-@asyncio_test
-async def test_topics_lists_a_created_topic(tansu: TansuBroker) -> None:
-    topic = tansu.create_topic()
-    async with running_engine(tansu.bootstrap) as engine:
-        assert topic in await engine.topics()
 
 
 @asyncio_test
@@ -158,8 +106,8 @@ async def test_unreachable_broker_gives_metadata_error_and_counts_unknown_events
         # librdkafka's own text, without confluent-kafka's "Failed to get metadata: ".
         assert str(failure.value).startswith("Local: "), str(failure.value)
         # "Connect ... failed: Connection refused" / "all brokers down" reach error_cb.
-        await wait_until(
-            lambda: engine.stats.get(Stats.UNKNOWN_EVENTS) >= 1, "an unknown producer event"
+        await wait_until_async(
+            lambda: engine.stats.get(Stats.UNKNOWN_EVENTS) >= 1, WAIT, "an unknown producer event"
         )
 
 
@@ -199,8 +147,8 @@ async def test_flush_waits_only_for_the_handles_own_records(tansu: TansuBroker) 
         left, elapsed = await timed(stuck.flush(WAIT))
         assert left == 0
         assert elapsed < 5, f"flush did not return when the last record failed ({elapsed:.1f}s)"
-        await wait_until(
-            lambda: engine.stats.get(Stats.DELIVERY_ERRORS) == 2, "two delivery errors"
+        await wait_until_async(
+            lambda: engine.stats.get(Stats.DELIVERY_ERRORS) == 2, WAIT, "two delivery errors"
         )
 
         # Now librdkafka knows the topic is missing: refused at once (spec E6).
@@ -249,35 +197,6 @@ async def test_produce_is_refused_at_once_with_librdkafkas_text(tansu: TansuBrok
 
 
 @asyncio_test
-async def test_produce_many_keeps_order_and_counts_each_record_once(tansu: TansuBroker) -> None:
-    topic = tansu.create_topic(1)  # one partition: the log order is the produce order
-    async with running_engine(tansu.bootstrap) as engine:
-        handle = engine.producer("s")
-        first = [f"a{i}".encode() for i in range(300)]
-        second = [f"b{i}".encode() for i in range(5)]
-        assert handle.produce_many(topic, b"k", first) == 300
-        assert handle.produce_many(topic, None, []) == 0
-        handle.produce(topic, None, b"single")
-        assert handle.produce_many(topic, None, second) == 5
-        assert engine.stats.get(Stats.PRODUCED) == 306
-        assert await handle.flush(WAIT) == 0
-        # Deliveries are applied in batches, but each record is counted exactly once.
-        assert engine.stats.get(Stats.DELIVERED) == 306
-        assert engine.stats.get(Stats.DELIVERY_ERRORS) == 0
-
-        consumer = await engine.consumer(new_group(), "c1", [topic], {})
-        records = await consume(consumer, 306)
-        assert [r.value for r in records] == [*first, b"single", *second]
-        assert [r.key for r in records] == [b"k"] * 300 + [None] * 6
-        await consumer.close()
-
-        await handle.close(1)
-        with pytest.raises(ProduceError, match=r"^Producer closed$"):
-            handle.produce_many(topic, None, [b"late"])
-        assert engine.stats.get(Stats.PRODUCED) == 306
-
-
-@asyncio_test
 async def test_produce_many_refusal_keeps_the_records_before_it(tansu: TansuBroker) -> None:
     topic = tansu.create_topic(1)
     async with running_engine(tansu.bootstrap) as engine:
@@ -315,8 +234,10 @@ async def test_bad_producer_config_raises_and_the_next_call_tries_again(
         with pytest.raises(ProducerCreationError) as failure:
             engine.producer("s")
         assert str(failure.value) == 'No such configuration property: "foo"'
-        with pytest.raises(ProducerCreationError):
-            await engine.topics()  # KEYS needs the producer too
+        # KEYS lists topics through the producer: the failure says so (Rafka's text).
+        with pytest.raises(MetadataClientError) as listing:
+            await engine.topics()
+        assert str(listing.value) == 'No such configuration property: "foo"'
 
     # A failure that goes away: the CA directory does not exist yet. The broker address
     # is a closed port, since TLS against Tansu's plain listener would only add noise.
@@ -331,149 +252,24 @@ async def test_bad_producer_config_raises_and_the_next_call_tries_again(
         assert engine.producer("t") is not handle
 
 
+@asyncio_test
+async def test_the_engines_logs_hide_the_secrets_the_start_up_log_hides() -> None:
+    secret = {"sasl.oauthbearer.extensions": "ext=s1", "ssl.key.password": "s2"}
+    with structlog.testing.capture_logs() as logs:
+        async with running_engine(f"127.0.0.1:{free_port()}", producer=secret) as engine:
+            engine.producer("s")
+    [started] = [line for line in logs if line["event"] == "producer started"]
+    shown = started["config"]
+    assert {name: shown[name] for name in secret} == dict.fromkeys(secret, REDACTED)
+    assert shown["queue.buffering.max.ms"] == "0", "only secrets are hidden"
+
+
 # --- consuming ------------------------------------------------------------------------
 
 
 @asyncio_test
-async def test_keyed_records_land_on_one_partition_and_all_are_consumed(
-    tansu: TansuBroker,
-) -> None:
-    topic = tansu.create_topic()
-    before = rafka_threads()
-    async with running_engine(tansu.bootstrap) as engine:
-        handle = engine.producer("s")
-        keyed = {f"k{i}".encode() for i in range(30)}
-        plain = {f"p{i}".encode() for i in range(10)}
-        for value in sorted(keyed):
-            handle.produce(topic, b"foo", value)
-        for value in sorted(plain):
-            handle.produce(topic, None, value)
-        assert await handle.flush(WAIT) == 0
-
-        consumer = await engine.consumer(new_group(), "c1", [topic], {})
-        records = await consume(consumer, 40)
-        assert {r.value for r in records} == keyed | plain
-        assert len(records) == 40, "a record was delivered twice"
-        assert {r.partition for r in records if r.key == b"foo"} == {
-            next(r.partition for r in records if r.key == b"foo")
-        }, "equal keys must map to one partition"
-        assert all(r.topic == topic and r.timestamp_ms for r in records)
-        stats = engine.stats
-        assert stats.get(Stats.PRODUCED) == stats.get(Stats.DELIVERED) == 40
-        assert stats.get(Stats.CONSUMED) == 40
-
-        first = records[0]
-        consumer.ack(first.topic, first.partition, first.offset)
-        assert stats.get(Stats.ACKED) == 1
-        with pytest.raises(AckError) as refused:
-            consumer.ack(topic, 99, 0)  # no such partition, so not assigned
-        assert str(refused.value) == "Local: Erroneous state"  # librdkafka >= 1.9 (§15.2)
-        assert stats.get(Stats.ACKED) == 1
-
-        await consumer.close()
-        await consumer.close()  # idempotent
-        assert stats.get(Stats.COMMITTED) >= 1, "close did not commit the acked offset"
-        with pytest.raises(AckError, match="Consumer closed"):
-            consumer.ack(first.topic, first.partition, first.offset)
-        assert await consumer.next(None) is None, "a closed consumer returns nothing"
-        assert await handle.close(1) == 0
-    assert rafka_threads() == before, "a consumer or producer thread was left running"
-
-
-@asyncio_test
-async def test_acks_are_committed_on_close_and_unacked_records_come_back(
-    tansu: TansuBroker,
-) -> None:
-    topic = tansu.create_topic(1)
-    group = new_group()
-    async with running_engine(tansu.bootstrap) as engine:
-        handle = engine.producer("s")
-        handle.produce(topic, None, b"foo")
-        assert await handle.flush(WAIT) == 0
-
-        # group.id and client.id from the session win over the client's JSON.
-        first = await engine.consumer(group, "c1", [topic], {"group.id": "not-the-group"})
-        [foo] = await consume(first, 1, ack=True)
-        assert (foo.value, foo.offset) == (b"foo", 0)
-        await first.close()
-        assert engine.stats.get(Stats.COMMITTED) == 1
-
-        handle.produce(topic, None, b"bar")
-        assert await handle.flush(WAIT) == 0
-        # A new member of the group resumes after the acked offset (spec E7); another
-        # group gets every record from the start.
-        second, other = await asyncio.gather(
-            engine.consumer(group, "c2", [topic], {}),
-            engine.consumer(new_group(), "c3", [topic], {}),
-        )
-        [bar] = await consume(second, 1)  # not acked
-        assert (bar.value, bar.offset) == (b"bar", 1)
-        assert [r.value for r in await consume(other, 2)] == [b"foo", b"bar"]
-        await asyncio.gather(second.close(), other.close())
-
-        # `bar` was never acked: the group delivers it again, and only it (spec E13).
-        third = await engine.consumer(group, "c4", [topic], {})
-        [again] = await consume(third, 1)
-        assert (again.value, again.offset) == (b"bar", 1)
-        assert await third.next(0.3) is None
-        await third.close()
-        await handle.close(1)
-
-
-@asyncio_test
-async def test_two_members_of_a_group_share_partitions_without_loss(
-    tansu: TansuBroker,
-) -> None:
-    topic = tansu.create_topic()
-    raw = RawProducer({"bootstrap.servers": tansu.bootstrap, "queue.buffering.max.ms": "0"})
-    produced: set[bytes] = set()
-
-    def one_per_partition(tag: str) -> None:
-        for partition in range(4):
-            value = f"{tag}-p{partition}".encode()
-            raw.produce(topic, value, partition=partition)
-            produced.add(value)
-        assert raw.flush(WAIT) == 0
-
-    group = new_group()
-    seen: dict[str, list[bytes]] = {"c1": [], "c2": []}
-
-    async def take(name: str, consumer: KafkaConsumer, timeout: float) -> None:
-        record = await consumer.next(timeout)
-        if record is not None:
-            consumer.ack(record.topic, record.partition, record.offset)
-            assert record.value is not None
-            seen[name].append(record.value)
-
-    async with running_engine(tansu.bootstrap) as engine:
-        one_per_partition("warmup")
-        c1 = await engine.consumer(group, "c1", [topic], {})
-        await take("c1", c1, WAIT)  # c1 has joined and owns every partition
-        c2 = await engine.consumer(group, "c2", [topic], {})
-        # Both poll (a rebalance needs c1 to poll too) while records keep coming, until
-        # the rebalance has given c2 partitions of its own.
-        deadline = time.monotonic() + 2 * WAIT
-        round_ = 0
-        while not seen["c2"]:
-            assert time.monotonic() < deadline, f"c2 never got a partition: {seen}"
-            one_per_partition(f"round{round_}")
-            round_ += 1
-            await asyncio.gather(take("c1", c1, 0.3), take("c2", c2, 0.3))
-        while len(set(seen["c1"]) | set(seen["c2"])) < len(produced):
-            lost = produced - set(seen["c1"]) - set(seen["c2"])
-            assert time.monotonic() < deadline, f"records lost: {sorted(lost)}"
-            await asyncio.gather(take("c1", c1, 0.2), take("c2", c2, 0.2))
-        assert set(seen["c1"]) | set(seen["c2"]) == produced
-        assert seen["c1"] and seen["c2"]
-        # Acked records can only come back if a rebalance raced a commit (spec E8).
-        duplicates = len(seen["c1"]) + len(seen["c2"]) - len(produced)
-        assert duplicates <= 4, f"{duplicates} records delivered twice: {seen}"
-        await asyncio.gather(c1.close(), c2.close())
-
-
-@asyncio_test
 async def test_consumer_overrides_apply_and_bad_ones_fail_creation(tansu: TansuBroker) -> None:
-    topic = tansu.create_topic(1)
+    topic, group = tansu.create_topic(1), new_group()
     async with running_engine(tansu.bootstrap) as engine:
         handle = engine.producer("s")
         handle.produce(topic, None, b"foo")
@@ -491,9 +287,32 @@ async def test_consumer_overrides_apply_and_bad_ones_fail_creation(tansu: TansuB
             assert str(failure.value) == text
         with pytest.raises(ConsumerCreationError, match="subscription"):
             await engine.consumer(new_group(), "bad", ["^["], {})  # an invalid regex
+        # Settings arrive as decoded JSON: what is not a property value names its key.
+        unusable: list[tuple[dict[str, object], str]] = [
+            ({"x": {"y": 1}}, "x: nested objects and arrays are not allowed"),
+            ({"x": [1]}, "x: nested objects and arrays are not allowed"),
+            ({"x": None}, "x: must be a string, a number or a boolean, got null"),
+        ]
+        for settings, text in unusable:
+            with pytest.raises(ConsumerCreationError) as failure:
+                await engine.consumer(new_group(), "bad", [topic], settings)
+            assert str(failure.value) == text
 
-        # The server says earliest; this client says latest: `foo` is never delivered.
-        latest = await engine.consumer(new_group(), "c", [topic], {"auto.offset.reset": "latest"})
+        # The server says earliest; this client says latest: `foo` is never delivered. A
+        # boolean and a number (kept as its literal text) become property strings. The
+        # session's group and name win over the client's group.id and client.id.
+        latest = await engine.consumer(
+            group,
+            "c",
+            [topic],
+            {
+                "auto.offset.reset": "latest",
+                "enable.partition.eof": False,
+                "session.timeout.ms": JsonNumber("2000"),
+                "group.id": "not-the-group",
+                "client.id": "not-the-name",
+            },
+        )
         # Records produced before the assignment are skipped too, so produce until one
         # arrives; it must be a new one.
         deadline = time.monotonic() + WAIT
@@ -503,12 +322,23 @@ async def test_consumer_overrides_apply_and_bad_ones_fail_creation(tansu: TansuB
             handle.produce(topic, None, b"bar")
             record = await latest.next(0.5)
         assert record.value == b"bar"
+        latest.ack(record.topic, record.partition, record.offset)
         await latest.close()
+        # The ack was committed for the session's group: its next member (earliest, as
+        # the server says) starts after `bar`, not at `foo`.
+        handle.produce(topic, None, b"baz")
+        assert await handle.flush(WAIT) == 0
+        after = await engine.consumer(group, "d", [topic], {})
+        values: list[bytes | None] = []
+        while b"baz" not in values:  # a `bar` produced twice above may come first
+            values += [r.value for r in await consume(after, 1)]
+        assert b"foo" not in values, f"the ack went to another group: {values}"
+        await after.close()
         await handle.close(1)
 
 
 @asyncio_test
-async def test_next_times_out_raises_real_errors_and_survives_cancellation(
+async def test_a_real_error_is_raised_and_a_fetched_batch_survives_cancellation(
     tansu: TansuBroker,
 ) -> None:
     topic = tansu.create_topic(1)
@@ -518,12 +348,6 @@ async def test_next_times_out_raises_real_errors_and_survives_cancellation(
             # With no committed offset and reset `error`, librdkafka reports an error.
             engine.consumer(new_group(), "f", [topic], {"auto.offset.reset": "error"}),
         )
-        record, elapsed = await timed(consumer.next(0.3))
-        assert record is None
-        assert 0.3 <= elapsed < 1.0, f"next(0.3) took {elapsed:.2f}s"
-        record, elapsed = await timed(consumer.next(0))
-        assert record is None and elapsed < 0.3
-
         with pytest.raises(ConsumeError, match="Local: No offset stored"):
             while await failing.next(WAIT) is None:
                 pass
@@ -535,19 +359,17 @@ async def test_next_times_out_raises_real_errors_and_survives_cancellation(
         [warmup] = await consume(consumer, 1)  # joined: later records arrive in ms
         assert warmup.value == b"warmup"
 
-        # Cancel a BLPOP whose fetch is in flight: its whole batch must come out of the
-        # next calls, in order, exactly once. Odd rounds cancel once the worker thread
-        # has fetched records into the buffer while the loop has not seen them yet; even
-        # rounds cancel at once.
-        for i in range(6):
+        # Cancel a BLPOP once the worker thread has fetched records into the buffer while
+        # the loop has not seen them yet: the whole batch must come out of the next
+        # calls, in order, exactly once (the contract suite cancels at other points).
+        for i in range(3):
             values = [f"r{i}-{n}".encode() for n in range(3)]
             for value in values:
                 handle.produce(topic, None, value)
             assert await handle.flush(WAIT) == 0
             waiting = asyncio.create_task(consumer.next(None))
             await asyncio.sleep(0)  # let it submit its fetch
-            if i % 2:
-                hold_loop_until(lambda: consumer.buffered > 0)
+            hold_loop_until(lambda: consumer.buffered > 0)
             waiting.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await waiting
@@ -555,15 +377,8 @@ async def test_next_times_out_raises_real_errors_and_survives_cancellation(
             assert got == values, f"round {i}"
         assert await consumer.next(0.3) is None, "a record was delivered twice"
         # Counted when handed out, not when fetched: the cancelled calls count nothing.
-        assert engine.stats.get(Stats.CONSUMED) == 1 + 6 * 3
-
-        # close() ends a poll that waits forever, within one poll slice.
-        forever = asyncio.create_task(consumer.next(None))
-        await asyncio.sleep(0)
-        _, elapsed = await timed(consumer.close())
-        assert await forever is None
-        assert elapsed < 2, f"close took {elapsed:.1f}s"
-        await failing.close()
+        assert engine.stats.get(Stats.CONSUMED) == 1 + 3 * 3
+        await asyncio.gather(consumer.close(), failing.close())
         await handle.close(1)
 
 
@@ -634,7 +449,7 @@ class InjectErrors:
 def test_consume_batch_must_be_positive() -> None:
     for bad in (0, -1, 1_000_001):
         with pytest.raises(ValueError, match="consume_batch"):
-            KafkaEngine(Stats(), {}, {}, consume_batch=bad)
+            KafkaEngine(Stats(), KafkaSettings({}, {}), EngineOptions(consume_batch=bad))
 
 
 @asyncio_test
@@ -763,29 +578,32 @@ async def test_a_rebalance_drops_buffered_records_of_revoked_partitions(
 
 
 @asyncio_test
-async def test_stop_closes_what_the_gateway_left_open(tansu: TansuBroker) -> None:
+async def test_closing_and_stopping_leave_no_thread_running(tansu: TansuBroker) -> None:
     topic = tansu.create_topic()
     before = rafka_threads()
-    engine = KafkaEngine(
-        Stats(),
-        {**CONSUMER, "bootstrap.servers": tansu.bootstrap},
-        {**PRODUCER, "bootstrap.servers": tansu.bootstrap},
-    )
+    engine = KafkaEngine(Stats(), kafka_settings(tansu.bootstrap), EngineOptions())
     await engine.start()
     handle = engine.producer("s")
     handle.produce(topic, None, b"x")
-    consumer = await engine.consumer(new_group(), "c", [topic], {})
-    assert len(rafka_threads() - before) == 2  # the producer's poll thread, the consumer's
+    closed, left_open = await asyncio.gather(
+        engine.consumer(new_group(), "closed", [topic], {}),
+        engine.consumer(new_group(), "open", [topic], {}),
+    )
+    # The producer's poll thread, one per consumer.
+    assert len(rafka_threads() - before) == 3
+    await closed.close()
+    assert len(rafka_threads() - before) == 2, "a closed consumer's thread is still running"
     await engine.stop()
     assert rafka_threads() == before
     assert handle.outstanding() == 0, "stop() must flush the shared producer"
-    assert engine.stats.get(Stats.DELIVERED) == 1
-    with pytest.raises(ProducerCreationError, match="Engine stopped"):
+    with pytest.raises(ProducerCreationError, match=r"^Engine stopped$"):
         engine.producer("late")
-    with pytest.raises(ConsumerCreationError, match="Engine stopped"):
+    with pytest.raises(ConsumerCreationError, match=r"^Engine stopped$"):
         await engine.consumer(new_group(), "late", [topic], {})
-    with pytest.raises(AckError):
-        consumer.ack(topic, 0, 0)
+    with pytest.raises(MetadataClientError, match=r"^Engine stopped$"):
+        await engine.topics()
+    with pytest.raises(AckError, match=r"^Consumer closed$"):
+        left_open.ack(topic, 0, 0)
 
 
 @asyncio_test
@@ -794,11 +612,7 @@ async def test_a_consumer_still_being_created_when_stop_runs_is_closed(
 ) -> None:
     topic = tansu.create_topic()
     before = rafka_threads()
-    engine = KafkaEngine(
-        Stats(),
-        {**CONSUMER, "bootstrap.servers": tansu.bootstrap},
-        {**PRODUCER, "bootstrap.servers": tansu.bootstrap},
-    )
+    engine = KafkaEngine(Stats(), kafka_settings(tansu.bootstrap), EngineOptions())
     await engine.start()
     creating = asyncio.create_task(engine.consumer(new_group(), "c", [topic], {}))
     await asyncio.sleep(0)  # one step: the task submits the creation and awaits it
@@ -817,11 +631,7 @@ async def test_produce_on_a_handle_outliving_the_engine_is_refused_and_not_count
     tansu: TansuBroker,
 ) -> None:
     topic = tansu.create_topic()
-    engine = KafkaEngine(
-        Stats(),
-        {**CONSUMER, "bootstrap.servers": tansu.bootstrap},
-        {**PRODUCER, "bootstrap.servers": tansu.bootstrap},
-    )
+    engine = KafkaEngine(Stats(), kafka_settings(tansu.bootstrap), EngineOptions())
     await engine.start()
     handle = engine.producer("s")
     await engine.stop()  # the shared producer is closed under the handle

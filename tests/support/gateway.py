@@ -1,4 +1,4 @@
-"""Helpers for the gateway tests: servers, raw sockets, topics, bounded waits."""
+"""Helpers for the gateway tests: servers, clients, raw sockets, Kafka group states."""
 
 from __future__ import annotations
 
@@ -11,39 +11,18 @@ import redis
 from confluent_kafka import ConsumerGroupState
 from confluent_kafka.admin import AdminClient
 
-from backends.kafka.tansu import TansuBroker
-from gateway.config import Config, from_dict
+from backends.base import Engine, Stats
+from backends.registry import engine_entry
+from gateway.config import Config
 from gateway.runner import ServerThread
 
 T = TypeVar("T")
 
-# Tansu facts (see ARCHITECTURE.md): group joins take half of session.timeout.ms.
-CONSUMER = {
-    "session.timeout.ms": 2000,
-    "heartbeat.interval.ms": 500,
-    "auto.offset.reset": "earliest",
-    "enable.auto.commit": True,
-    "auto.commit.interval.ms": 500,
-    "enable.auto.offset.store": False,
-    "go.events.channel.enable": False,
-    "go.application.rebalance.enable": False,
-}
-PRODUCER = {
-    "queue.buffering.max.ms": 5,
-    "allow.auto.create.topics": False,
-    "topic.metadata.propagation.max.ms": 200,
-    "go.delivery.reports": True,
-}
 
-
-def kafka_config(broker: TansuBroker, gateway: dict[str, Any] | None = None) -> Config:
-    document = {
-        "general": {"bootstrap.servers": broker.bootstrap},
-        "consumer": CONSUMER,
-        "producer": PRODUCER,
-        "gateway": {"host": "127.0.0.1", "port": 0, **(gateway or {})},
-    }
-    return from_dict(document)
+def configured_engine(config: Config) -> Engine:
+    """The engine `config` names, made as the server makes it (not started)."""
+    entry = engine_entry(config.engine)
+    return entry.create(config.engine_settings, Stats(), config.engine_options())
 
 
 @contextmanager

@@ -17,20 +17,16 @@ import redis
 from confluent_kafka import ConsumerGroupState
 from confluent_kafka.admin import AdminClient
 
-from backends.kafka.tansu import TansuBroker
 from gateway.runner import ServerThread
-from tests.gateway_support import (
-    client,
-    group_state,
-    kafka_config,
-    running,
-)
+from tests.support.fixtures import GatewayConfig
+from tests.support.gateway import client, group_state, running
+from tests.support.tansu import TansuBroker
 from tests.waiting import wait_until
 
 
 @pytest.fixture(scope="module")
-def server(tansu: TansuBroker) -> Iterator[ServerThread]:
-    with running(kafka_config(tansu)) as gateway:
+def server(gateway_config: GatewayConfig) -> Iterator[ServerThread]:
+    with running(gateway_config("kafka")) as gateway:
         yield gateway
 
 

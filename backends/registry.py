@@ -1,0 +1,70 @@
+"""The engines a gateway can run on, by the name `gateway.engine` gives.
+
+An entry names a module that is imported only when its engine is chosen, so that one
+engine's libraries (librdkafka; ZeroMQ and RocksDB) are never loaded for another. The
+module provides (see `EngineModule`):
+
+- `parse_settings(document)`: the engine's settings from the whole configuration
+  document, of which it reads only its own sections; raises EngineConfigError naming
+  the key. The gateway keeps the result without looking into it.
+- `create(settings, stats, options)`: a new engine, not started yet.
+- `describe(settings)`: the settings for the start-up log line, secrets redacted.
+
+Adding an engine is one entry in `ENGINES`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, cast
+
+from backends.base import Engine, EngineConfigError, EngineOptions, EngineSettings, Stats
+
+
+class EngineModule(Protocol):
+    def parse_settings(self, document: Mapping[str, object]) -> EngineSettings: ...
+
+    def create(self, settings: EngineSettings, stats: Stats, options: EngineOptions) -> Engine: ...
+
+    def describe(self, settings: EngineSettings) -> dict[str, object]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class EngineEntry:
+    name: str
+    module: str  # the dotted name of the engine's EngineModule
+
+    def load(self) -> EngineModule:
+        return cast(EngineModule, importlib.import_module(self.module))
+
+    def parse_settings(self, document: Mapping[str, object]) -> EngineSettings:
+        return self.load().parse_settings(document)
+
+    def create(self, settings: EngineSettings, stats: Stats, options: EngineOptions) -> Engine:
+        return self.load().create(settings, stats, options)
+
+    def describe(self, settings: EngineSettings) -> dict[str, object]:
+        return self.load().describe(settings)
+
+
+ENGINES: dict[str, EngineEntry] = {
+    entry.name: entry for entry in (EngineEntry("kafka", "backends.kafka"),)
+}
+DEFAULT_ENGINE = "kafka"
+
+
+def engine_entry(name: str) -> EngineEntry:
+    """The entry of engine `name`; raises EngineConfigError listing the known ones."""
+    entry = ENGINES.get(name)
+    if entry is None:
+        raise EngineConfigError(f"unknown engine {name!r} (known: {', '.join(ENGINES)})")
+    return entry
+
+
+if TYPE_CHECKING:
+    import backends.kafka
+
+    # mypy checks here that each engine's module provides what an entry promises.
+    _kafka: EngineModule = backends.kafka
