@@ -23,7 +23,9 @@ from backends.base import (
     ConsumerCreationError,
     Engine,
     EngineError,
+    EngineOptions,
     MetadataError,
+    ProducerCreationError,
     Stats,
 )
 from backends.dafka.config import Config as DafkaConfig
@@ -70,7 +72,7 @@ class JoinedNetwork(Network):
 class EmbeddedMode(Network):
     """A tower and `dafka.stores` stores as child processes over `dafka.data_dir`."""
 
-    def __init__(self, settings: DafkaSettings, stop_timeout: float) -> None:
+    def __init__(self, settings: DafkaSettings, data_dir: str, stop_timeout: float) -> None:
         store_settings = {OFFSETS_RETENTION: str(OFFSETS_RETENTION_MS)}
         actor_settings: dict[str, str] = {}
         for path, value in settings.settings.items():
@@ -79,7 +81,7 @@ class EmbeddedMode(Network):
         self._actor_settings = actor_settings
         self._stop_timeout = stop_timeout
         self._network = EmbeddedNetwork(
-            settings.data_dir,
+            data_dir,
             stores=settings.stores,
             store_settings=store_settings,
             ready_timeout=settings.start_timeout,
@@ -103,10 +105,10 @@ class EmbeddedMode(Network):
         await self._network.stop_async(self._stop_timeout)
 
 
-def network_for(settings: DafkaSettings, stop_timeout: float = 10.0) -> Network:
+def network_for(settings: DafkaSettings, data_dir: str, stop_timeout: float = 10.0) -> Network:
     if settings.joined:
         return JoinedNetwork(settings)
-    return EmbeddedMode(settings, stop_timeout)
+    return EmbeddedMode(settings, data_dir, stop_timeout)
 
 
 class DafkaEngine(Engine):
@@ -114,16 +116,17 @@ class DafkaEngine(Engine):
         self,
         stats: Stats,
         settings: DafkaSettings,
+        options: EngineOptions | None = None,
         *,
-        consume_batch: int = 500,
-        stop_flush_timeout: float = 5.0,
         network: Network | None = None,
     ) -> None:
         super().__init__(stats)
+        options = options or EngineOptions()
         self.settings = settings
-        self.consume_batch = consume_batch
-        self._stop_flush_timeout = stop_flush_timeout
-        self._network = network if network is not None else network_for(settings)
+        self.consume_batch = options.consume_batch
+        self._stop_flush_timeout = options.stop_flush_timeout
+        self._metadata_timeout = options.metadata_timeout
+        self._network = network or network_for(settings, options.data_dir)
         self.partition_map = PartitionMap()
         self._partitioner = make_partitioner(settings.partitioner)
         self.offsets = CommitLog()
@@ -242,6 +245,8 @@ class DafkaEngine(Engine):
     # --- producing -----------------------------------------------------------------------
 
     def producer(self, session_id: str) -> ProducerHandle:
+        if self.stopped or not self._started:
+            raise ProducerCreationError(STOPPED)
         return ProducerHandle(self, session_id)
 
     def writer_for(self, topic: str, key: bytes | None) -> PartitionWriter:
@@ -301,6 +306,15 @@ class DafkaEngine(Engine):
         return member
 
     def _reset(self, settings: Mapping[str, object]) -> str:
+        """`auto.offset.reset` of a client's settings. Dafka has no use for librdkafka's
+        other properties: they are accepted (a Rafka client may send them) and logged,
+        but only values: nested objects, lists and null are refused, as on Kafka."""
+        for key, value in settings.items():
+            if not isinstance(value, str | bool):
+                raise ConsumerCreationError(f"{key}: must be a string, a number or a boolean")
+        ignored = sorted(k for k in settings if k != "auto.offset.reset")
+        if ignored:
+            log.info("consumer settings without effect on the Dafka engine", settings=ignored)
         raw = settings.get("auto.offset.reset", self.settings.auto_offset_reset)
         reset = RESETS.get(str(raw))
         if reset is None:
@@ -419,7 +433,7 @@ class DafkaEngine(Engine):
             raise MetadataError(STOPPED)
         try:
             await asyncio.to_thread(
-                self.observer.refresh, self._network.stores, self.settings.start_timeout
+                self.observer.refresh, self._network.stores, self._metadata_timeout
             )
         except NotSettled as error:
             raise MetadataError(str(error)) from None

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from backends.base import ProduceError, Producer, Stats
+from backends.dafka.envelope import MAGIC, wrap
 from backends.dafka.partitions import own_address
 from backends.dafka.producer import Producer as DafkaProducer
 from backends.dafka.producer import check_topic
@@ -159,6 +160,8 @@ class ProducerHandle(Producer):
         if topic.startswith(INTERNAL_PREFIX):
             raise ProduceError(INVALID_TOPIC)  # commits must not be forged
         writer = self._engine.writer_for(topic, key)
+        if key is not None or any(v.startswith(MAGIC) for v in values):
+            values = [wrap(key, value) for value in values]
         end = writer.submit(values)
         start = end - len(values)
         ranges = self._ranges.get(writer)

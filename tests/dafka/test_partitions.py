@@ -77,16 +77,17 @@ def test_settings_defaults_and_overrides() -> None:
     settings = parse_section(
         {
             "partitions": 2,
-            "topic_partitions": {"big": 8},
+            "topic_partitions": {"big": 8, "logs.*": 2, "*": 3},
             "tower_sub_address": "tcp://10.0.0.5:5556",
             "settings": {"store/retention/ms": 1000},
         },
-        data_dir="/tmp/x",
+        stores=2,
     )
     assert settings.partition_count("big") == 8
-    assert settings.partition_count("small") == 2
+    assert settings.partition_count("logs.web") == 2, "glob patterns, the first match"
+    assert settings.partition_count("small") == 3
     assert settings.joined
-    assert settings.data_dir == "/tmp/x"
+    assert settings.stores == 2
     assert dict(settings.settings) == {"store/retention/ms": "1000"}
 
 
@@ -101,7 +102,7 @@ def test_settings_defaults_and_overrides() -> None:
         ({"commit_interval": 0}, "dafka.commit_interval must be a finite number > 0"),
         ({"topic_partitions": {"t": 0}}, "dafka.topic_partitions.t must be 1..1024"),
         ({"settings": {"bad path!": 1}}, "dafka.settings: invalid config path"),
-        ({"data_dir": 5}, "dafka.data_dir must be a string"),
+        ({"tower_sub_address": 5}, "dafka.tower_sub_address must be a string"),
         ({"nope": 1}, "unknown setting dafka.nope"),
         ([], "section 'dafka' must be a JSON object"),
     ],
