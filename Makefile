@@ -28,8 +28,17 @@ system-packages:
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $(APT_PACKAGES); \
 	fi
 
+ENGINE ?= dafka
+DATA_DIR ?= rafka-data
+
+# The embedded default: the gateway runs its own Dafka tower and store over $(DATA_DIR).
+# `make run ENGINE=kafka`: a local in-memory Kafka-compatible broker (Tansu) instead.
 run: venv
+ifeq ($(ENGINE),kafka)
 	$(BIN)/python -m tests.support.devrun_kafka --port $(PORT)
+else
+	$(BIN)/rafka --engine $(ENGINE) --host 127.0.0.1 --port $(PORT) --data-dir $(DATA_DIR)
+endif
 
 lint: venv
 	$(BIN)/ruff check gateway backends tests e2e bench

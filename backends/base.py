@@ -260,3 +260,7 @@ class Engine(ABC):
     @abstractmethod
     async def topics(self) -> list[str]:
         """Every topic name the engine knows; raises MetadataError (or a subclass) only."""
+
+    def where(self) -> str:
+        """Where the log is, for the start-up line: e.g. the brokers, or a directory."""
+        return ""

@@ -53,6 +53,9 @@ class Network:
     config: DafkaConfig
     stores: int
 
+    def where(self) -> str:
+        return ""
+
     async def start(self) -> None: ...
 
     async def stop(self) -> None: ...
@@ -67,6 +70,10 @@ class JoinedNetwork(Network):
         }
         self.config = DafkaConfig({**values, **settings.settings})
         self.stores = settings.min_stores
+
+    def where(self) -> str:
+        sub, pub = self.config.get("beacon/sub_address"), self.config.get("beacon/pub_address")
+        return f"Dafka network of the towers {sub} / {pub}"
 
 
 class EmbeddedMode(Network):
@@ -103,6 +110,10 @@ class EmbeddedMode(Network):
 
     async def stop(self) -> None:
         await self._network.stop_async(self._stop_timeout)
+
+    def where(self) -> str:
+        count = f"{self.stores} store" + ("s" if self.stores > 1 else "")
+        return f"embedded Dafka network ({count}), data directory {self._network.data_dir}"
 
 
 def network_for(settings: DafkaSettings, data_dir: str, stop_timeout: float = 10.0) -> Network:
@@ -423,6 +434,9 @@ class DafkaEngine(Engine):
             if entries:
                 await self._write_commits(entries)
             await asyncio.sleep(interval)
+
+    def where(self) -> str:
+        return self._network.where()
 
     # --- metadata --------------------------------------------------------------------------
 
