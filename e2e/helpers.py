@@ -6,11 +6,13 @@ import json
 import signal
 import socket
 import sys
+import uuid
+from abc import ABC, abstractmethod
 from pathlib import Path
 
 from backends.process import Child, start
 from tests.support.kafka import kafka_document
-from tests.support.tansu import free_port
+from tests.support.tansu import TansuBroker, free_port
 
 RAFKA = Path(sys.executable).parent / "rafka"
 REPO = Path(__file__).resolve().parent.parent
@@ -29,14 +31,16 @@ class RafkaProcess:
     """`rafka -c <file> -p <port>` as a child process (dies with the test run), stopped
     with SIGTERM."""
 
-    def __init__(self, config_path: Path, port: int | None = None) -> None:
+    def __init__(self, config_path: Path, port: int | None = None, *args: str) -> None:
         self.port = port or free_port()
         self.config_path = config_path
+        self.args = args
         self.child: Child | None = None
 
     def start(self) -> None:
+        argv = [str(RAFKA), "-c", str(self.config_path), "--host", "127.0.0.1"]
         self.child = start(
-            [str(RAFKA), "-c", str(self.config_path), "--host", "127.0.0.1", "-p", str(self.port)],
+            [*argv, "-p", str(self.port), *self.args],
             name="rafka",
             ready=lambda: port_answers_ping(self.port),
             timeout=20,
@@ -68,3 +72,55 @@ def write_config(path: Path, bootstrap: str) -> Path:
     """The tests' Kafka configuration (tests/support/kafka.py) as a `rafka -c` file."""
     path.write_text(json.dumps(kafka_document(bootstrap), indent=2))
     return path
+
+
+class Deployment(ABC):
+    """What a `rafka` process runs on, for the tests that hold for every engine."""
+
+    name: str
+
+    @abstractmethod
+    def write_config(self, path: Path) -> Path:
+        """A `rafka -c` file for a gateway of this deployment (a fresh data directory)."""
+
+    @abstractmethod
+    def new_topic(self, partitions: int = 4) -> str: ...
+
+
+class KafkaDeployment(Deployment):
+    name = "kafka"
+
+    def __init__(self, broker: TansuBroker) -> None:
+        self.broker = broker
+
+    def write_config(self, path: Path) -> Path:
+        return write_config(path, self.broker.bootstrap)
+
+    def new_topic(self, partitions: int = 4) -> str:
+        return self.broker.create_topic(partitions)
+
+
+def dafka_document(data_dir: Path, **dafka: object) -> dict[str, object]:
+    """An embedded Dafka gateway over `data_dir`; topics named `p<n>-...` have n
+    partitions (see new_topic), others 4."""
+    return {
+        "gateway": {"engine": "dafka", "data_dir": str(data_dir)},
+        "dafka": {
+            "topic_partitions": {f"p{n}-*": n for n in range(1, 17)},
+            "commit_interval": 0.2,
+            **dafka,
+        },
+    }
+
+
+class DafkaDeployment(Deployment):
+    """Each gateway embeds its own network, over its own data directory."""
+
+    name = "dafka"
+
+    def write_config(self, path: Path) -> Path:
+        path.write_text(json.dumps(dafka_document(path.parent / "rafka-data"), indent=2))
+        return path
+
+    def new_topic(self, partitions: int = 4) -> str:
+        return f"p{partitions}-{uuid.uuid4().hex[:6]}"
