@@ -63,7 +63,7 @@ class DafkaSettings:
     commit_interval: float = 1.0
     snapshot_interval: float = 3600.0
     start_timeout: float = 10.0
-    queue_max_messages: int = 1_000_000
+    queue_max_messages: int = 100_000
     # DUMP counts a record durable once one store has it ("one"), or every store the
     # tower knows ("all").
     acks: str = "one"
