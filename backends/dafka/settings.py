@@ -14,7 +14,7 @@
     "commit_interval": 1.0,
     "snapshot_interval": 3600,
     "start_timeout": 10,
-    "queue_max_messages": 1000000,
+    "queue_max_messages": 100000,
     "settings": {"store/retention/ms": "604800000"}   # zconfig paths, passed through
 }
 """
