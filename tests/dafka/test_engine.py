@@ -266,7 +266,7 @@ def test_embedded_engine_keeps_records_and_commits_across_restarts(tmp_path: Pat
     settings = DafkaSettings(
         partitions=1,
         commit_interval=0.1,
-        settings={"beacon/interval": "100"},
+        settings={"beacon/interval": "100", "store/topics/t/retention/ms": "86400000"},
     )
 
     async def body() -> None:
@@ -284,5 +284,9 @@ def test_embedded_engine_keeps_records_and_commits_across_restarts(tmp_path: Pat
                 await member.close()
             finally:
                 await engine.stop()
+        # store/... settings of the gateway's config reach its embedded store.
+        stored = Config.load(tmp_path / "data" / "store-0" / "stored.cfg")
+        assert stored.get("store/topics/t/retention/ms") == "86400000"
+        assert stored.get("store/topics/__rafka_offsets/retention/ms") == "604800000"
 
     run(body())
