@@ -10,6 +10,8 @@ import uuid
 from abc import ABC, abstractmethod
 from pathlib import Path
 
+import redis
+
 from backends.process import Child, spawn, start
 from tests.support.kafka import kafka_document
 from tests.support.tansu import TansuBroker, free_port
@@ -193,3 +195,59 @@ class Program:
     def stderr(self) -> str:
         """What the program logged so far (for failure messages)."""
         return "\n".join(self.child.stderr_lines) or "(nothing on stderr)"
+
+
+# --- a Rafka client's steps, over redis-py ------------------------------------------------
+
+WAIT = 20.0
+
+
+def produce(port: int, topic: str, values: list[str], key: str | None = None) -> None:
+    client = redis.Redis(port=port, socket_timeout=WAIT)
+    target = f"topics:{topic}" + (f":{key}" if key else "")
+    assert client.execute_command("RPUSHX", target, *values) == len(values)
+    assert client.execute_command("DUMP", "10000") == 0, "records not durable after DUMP"
+    client.close()
+
+
+def consume(
+    port: int, group: str, topic: str, count: int, ack: bool = True, name: str = "c"
+) -> list[tuple[int, int, bytes]]:
+    """`count` records as (partition, offset, value), acked one by one if asked."""
+    client = redis.Redis(port=port, client_name=f"{group}:{name}", socket_timeout=WAIT)
+    got: list[tuple[int, int, bytes]] = []
+    for _ in range(count):
+        reply = client.blpop([f"topics:{topic}"], 10)
+        assert reply is not None, f"only {len(got)} of {count} records: {got}"
+        fields = dict(zip(reply[::2], reply[1::2], strict=True))
+        value = fields[b"value"]
+        assert isinstance(value, bytes), reply
+        record = (int(fields[b"partition"]), int(fields[b"offset"]), value)
+        got.append(record)
+        if ack:
+            client.execute_command("RPUSH", "acks", f"{topic}:{record[0]}:{record[1]}")
+    client.execute_command("QUIT")
+    client.close()
+    return got
+
+
+def drain(port: int, group: str, topic: str, wanted: set[bytes] | None = None) -> list[bytes]:
+    """Records the group gets, acked, until every `wanted` value came (then until none
+    comes for a second), or until WAIT seconds pass with nothing new."""
+    client = redis.Redis(port=port, client_name=f"{group}:drain", socket_timeout=WAIT)
+    values: list[bytes] = []
+    left = set(wanted or ())
+    try:
+        while True:
+            reply = client.blpop([f"topics:{topic}"], WAIT if left else 1)
+            if reply is None:
+                return values
+            fields = dict(zip(reply[::2], reply[1::2], strict=True))
+            value = fields[b"value"]
+            assert isinstance(value, bytes), reply
+            values.append(value)
+            left.discard(value)
+            ack = f"{topic}:{int(fields[b'partition'])}:{int(fields[b'offset'])}"
+            client.execute_command("RPUSH", "acks", ack)
+    finally:
+        client.close()

@@ -14,11 +14,19 @@ from typing import Any
 import pytest
 import redis
 
-from e2e.helpers import RAFKA, Program, RafkaProcess, dafka_document, zpl
+from e2e.helpers import (
+    RAFKA,
+    WAIT,
+    Program,
+    RafkaProcess,
+    consume,
+    dafka_document,
+    drain,
+    produce,
+    zpl,
+)
 from tests.support.tansu import free_port
 from tests.waiting import wait_until
-
-WAIT = 20.0
 
 
 def write(path: Path, document: dict[str, Any]) -> Path:
@@ -41,35 +49,6 @@ def alive(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return state != "Z"
-
-
-def produce(port: int, topic: str, values: list[str], key: str | None = None) -> None:
-    client = redis.Redis(port=port, socket_timeout=WAIT)
-    target = f"topics:{topic}" + (f":{key}" if key else "")
-    assert client.execute_command("RPUSHX", target, *values) == len(values)
-    assert client.execute_command("DUMP", "10000") == 0, "records not durable after DUMP"
-    client.close()
-
-
-def consume(
-    port: int, group: str, topic: str, count: int, ack: bool = True, name: str = "c"
-) -> list[tuple[int, int, bytes]]:
-    """`count` records as (partition, offset, value), acked one by one if asked."""
-    client = redis.Redis(port=port, client_name=f"{group}:{name}", socket_timeout=WAIT)
-    got: list[tuple[int, int, bytes]] = []
-    for _ in range(count):
-        reply = client.blpop([f"topics:{topic}"], 10)
-        assert reply is not None, f"only {len(got)} of {count} records: {got}"
-        fields = dict(zip(reply[::2], reply[1::2], strict=True))
-        value = fields[b"value"]
-        assert isinstance(value, bytes), reply
-        record = (int(fields[b"partition"]), int(fields[b"offset"]), value)
-        got.append(record)
-        if ack:
-            client.execute_command("RPUSH", "acks", f"{topic}:{record[0]}:{record[1]}")
-    client.execute_command("QUIT")
-    client.close()
-    return got
 
 
 @pytest.fixture
@@ -98,21 +77,6 @@ def test_restart_keeps_records_partitions_and_commits(tmp_path: Path) -> None:
     assert len({partition for partition, _, _ in first + rest}) == 1, "the key moved"
     offsets = [offset for _, offset, _ in first + rest]
     assert offsets == list(range(11)), "offsets continue after the restart, none reused"
-
-
-def drain(port: int, group: str, topic: str) -> list[bytes]:
-    """Every record the group still gets, acked, until none comes for a second."""
-    client = redis.Redis(port=port, client_name=f"{group}:drain", socket_timeout=WAIT)
-    values: list[bytes] = []
-    while (reply := client.blpop([f"topics:{topic}"], 1)) is not None:
-        fields = dict(zip(reply[::2], reply[1::2], strict=True))
-        value = fields[b"value"]
-        assert isinstance(value, bytes), reply
-        values.append(value)
-        ack = f"{topic}:{int(fields[b'partition'])}:{int(fields[b'offset'])}"
-        client.execute_command("RPUSH", "acks", ack)
-    client.close()
-    return values
 
 
 def test_kill_9_loses_no_dumped_record_and_leaves_no_orphan(tmp_path: Path) -> None:
