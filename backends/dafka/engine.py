@@ -83,6 +83,9 @@ class EmbeddedMode(Network):
         store_settings = {OFFSETS_RETENTION: str(OFFSETS_RETENTION_MS)}
         actor_settings: dict[str, str] = {}
         for path, value in settings.settings.items():
+            if path.startswith("curve/"):  # every node of the network, tower included
+                store_settings[path] = actor_settings[path] = value
+                continue
             target = store_settings if path.startswith("store/") else actor_settings
             target[path] = value
         self._actor_settings = actor_settings

@@ -208,7 +208,7 @@ class Producer:
             pipe.connect(self._pipe_endpoint)
             pub.sndhwm = self._hwm
             sub.rcvhwm = self._hwm
-            self.port = bind_data_socket(pub, self._config)
+            self.port = bind_data_socket(pub, self._config, sub)
             sub.setsockopt(zmq.SUBSCRIBE, proto.subscription(proto.ACK, self.address))
             sub.setsockopt(zmq.SUBSCRIBE, proto.subscription(proto.FETCH, self.address))
             beacon = Beacon(self._config, self.address, ctx)

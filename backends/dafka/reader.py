@@ -179,7 +179,7 @@ class Reader:
         try:
             pipe.connect(self._pipe_endpoint)
             xpub.setsockopt(zmq.XPUB_VERBOSE, 1)
-            port = bind_data_socket(xpub, self._config)
+            port = bind_data_socket(xpub, self._config, sub)
             for msg_id in (proto.DIRECT_RECORD, proto.DIRECT_HEAD, proto.STORE_HELLO):
                 sub.setsockopt(zmq.SUBSCRIBE, proto.subscription(msg_id, self.address))
             beacon = Beacon(self._config, self.address, ctx)
