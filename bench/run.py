@@ -509,10 +509,12 @@ class DafkaBench:
     """An embedded Dafka gateway over a fresh data directory, and the configuration with
     which the Dafka perf tools join its network (the tower it started)."""
 
-    def __init__(self, workdir: Path, problems: Problems) -> None:
+    def __init__(
+        self, workdir: Path, problems: Problems, dafka: dict[str, Any] | None = None
+    ) -> None:
         self.problems = problems
         data = workdir / "rafka-data"
-        document = {"gateway": {"engine": "dafka", "data_dir": str(data)}}
+        document = {"gateway": {"engine": "dafka", "data_dir": str(data)}, "dafka": dafka or {}}
         config = workdir / "rafka.json"
         config.write_text(json.dumps(document, indent=2))
         self.gateway = RafkaProcess(config)
@@ -680,7 +682,7 @@ class DafkaBench:
         except (RuntimeError, OSError) as error:
             self.problems.add(f"latency on {topic}: {error} after {len(got):,} of {count:,}")
         finally:
-            consumed = (len(got) - 1) / max(1e-9, (last - first) / 1e9)
+            consumed = (len(got) - 1) / ((last - first) / 1e9) if last > first else 0.0
             producer.join(60)
             client.close()
         if producer.exitcode != 0:
@@ -760,24 +762,29 @@ def dafka_bench(args: argparse.Namespace, problems: Problems) -> None:
                 f"  (redis-py alone, pipelined RPUSHX to redis-server: "
                 f"{statistics.median(ceiling):,.0f}/s, the ceiling of the redis-py rows)"
             )
-            for rate in args.rates:
-                dafka_latency(bench, args, rate)
+            print(
+                "\n(latency: dafka-perf-consumer's percentiles are over all its records, "
+                "warm-up included; ratios are gateway/perf tools at p50/p90/p99)"
+            )
+            for rate, windows in args.latency.items():
+                dafka_latency(bench, args, rate, windows)
         finally:
             redis_server.terminate()
             redis_server.wait()
             bench.close()
 
 
-def dafka_latency(bench: DafkaBench, args: argparse.Namespace, rate: int) -> None:
+def dafka_latency(
+    bench: DafkaBench, args: argparse.Namespace, rate: int, windows: list[int]
+) -> None:
     warm, seconds, runs = args.warm_up, args.seconds, args.runs
     print(
         f"\nProduce-to-BLPOP latency at {rate:,} records/s ({seconds:g} s measured after "
-        f"{warm:g} s; the producer pipelines what is due at each instant, one connection). "
-        f"Medians of {runs} runs",
+        f"{warm:g} s; the producer pipelines what is due at each instant, one connection), "
+        f"medians of {runs} runs",
         flush=True,
     )
-    windows = (1, args.blpop_window)
-    ours: dict[int, list[dict[int, float]]] = {window: [] for window in windows}
+    ours: dict[int, list[tuple[dict[int, float], float]]] = {window: [] for window in windows}
     reference: list[dict[int, float]] = []
     for run in range(runs):
         reference.append(bench.perf_latency(rate, int(rate * (warm + seconds))))
@@ -786,10 +793,10 @@ def dafka_latency(bench: DafkaBench, args: argparse.Namespace, rate: int) -> Non
             figures, produced, consumed = bench.latency(
                 f"bench-latency-{rate}-{window}-{run}", rate, warm, seconds, window
             )
-            ours[window].append(figures)
+            ours[window].append((figures, consumed))
             notes.append(
-                f"{window} in flight: {latency_text(figures)}, {produced:,.0f}/s produced, "
-                f"{consumed:,.0f}/s consumed"
+                f"{window} in flight {latency_text(figures)} ({produced:,.0f}/s produced, "
+                f"{consumed:,.0f}/s consumed)"
             )
         print(
             f"  run {run + 1}: " + "; ".join(notes) + f"; perf tools {latency_text(reference[-1])}",
@@ -797,12 +804,17 @@ def dafka_latency(bench: DafkaBench, args: argparse.Namespace, rate: int) -> Non
         )
     theirs = median_percentiles(reference)
     for window in windows:
-        mine = median_percentiles(ours[window])
+        mine = median_percentiles([figures for figures, _ in ours[window]])
+        consumed = statistics.median(rate for _, rate in ours[window])
         label = "one BLPOP at a time" if window == 1 else f"{window} BLPOPs in flight"
-        ratios = ", ".join(f"{mine[pct] / max(theirs[pct], 1):.1f}" for pct in PERCENTILES)
-        print(f"  {'RPUSHX -> ' + label:<42} {latency_text(mine)}   ratio {ratios}")
-    print(f"  {'dafka-perf-store -> dafka-perf-consumer':<42} {latency_text(theirs)}")
-    print("  (dafka-perf-consumer's percentiles are over all its records, warm-up included)")
+        ratios = "/".join(f"{mine[pct] / max(theirs[pct], 1):.0f}" for pct in PERCENTILES)
+        behind = (
+            f"; FELL BEHIND: consumed {consumed:,.0f}/s, the latency is the backlog"
+            if consumed < 0.95 * rate
+            else ""
+        )
+        print(f"  {'RPUSHX -> ' + label:<40} {latency_text(mine)}   ratio {ratios}{behind}")
+    print(f"  {'dafka-perf-store -> dafka-perf-consumer':<40} {latency_text(theirs)}")
 
 
 def median_percentiles(runs: Sequence[dict[int, float]]) -> dict[int, float]:
@@ -811,6 +823,15 @@ def median_percentiles(runs: Sequence[dict[int, float]]) -> dict[int, float]:
 
 def latency_text(figures: dict[int, float]) -> str:
     return " ".join(f"p{pct} {figures[pct] / 1000:.1f} ms" for pct in PERCENTILES)
+
+
+def latency_runs(text: str) -> dict[int, list[int]]:
+    """`5000:100,1000:1` -> {5000: [100], 1000: [1]}: BLPOPs in flight per rate."""
+    runs: dict[int, list[int]] = {}
+    for item in text.split(","):
+        rate, _, window = item.partition(":")
+        runs.setdefault(int(rate), []).append(int(window or 1))
+    return runs
 
 
 def main() -> int:
@@ -823,13 +844,10 @@ def main() -> int:
     )
     parser.add_argument("--blpop-pipeline", type=int, default=200, help="BLPOPs per pipeline")
     parser.add_argument(
-        "--rates",
-        type=lambda text: [int(rate) for rate in text.split(",")],
-        default=[5_000, 1_000],
-        help="records/s of the latency runs, comma-separated",
-    )
-    parser.add_argument(
-        "--blpop-window", type=int, default=100, help="BLPOPs in flight in a latency run"
+        "--latency",
+        type=latency_runs,
+        default=latency_runs("5000:100,1000:1,1000:100"),
+        help="latency runs as RATE:BLPOPS_IN_FLIGHT,... (default 5000:100,1000:1,1000:100)",
     )
     parser.add_argument("--warm-up", type=float, default=1.0, help="latency: seconds not measured")
     parser.add_argument("--seconds", type=float, default=3.0, help="latency: seconds measured")
