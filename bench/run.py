@@ -537,7 +537,19 @@ class DafkaBench:
         tools.save(self.from_start)
 
     def close(self) -> None:
+        """Stop the gateway; print what it logged above info (nothing, in a good run)."""
         self.gateway.terminate()
+        logged = [
+            line
+            for line in self.gateway.stderr().splitlines()
+            if re.search(
+                r"\[(warning|error|critical)|Traceback|child output.*(error|warn)", line, re.I
+            )
+        ]
+        if logged:
+            print(f"\nThe Dafka gateway logged {len(logged)} warnings or errors:")
+            for line in logged[:10]:
+                print(f"  {line[:300]}")
 
     # -- the perf tools ---------------------------------------------------------------
 
