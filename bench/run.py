@@ -2,15 +2,18 @@
 
 Dafka engine (embedded: the gateway runs its own dafka-towerd and dafka-stored; the Dafka
 perf tools join that network, so they and the gateway write to the same store):
-1. Produce through the gateway (pipelined RPUSHX, 1000 per pipeline, + DUMP; RPUSHX with
-   100 values + DUMP) next to `dafka-perf-store` (publish until a store has acknowledged).
+1. Produce through the gateway (pipelined RPUSHX, 1000 per pipeline, + DUMP, with redis-py
+   and pre-encoded; RPUSHX with 100 values + DUMP) next to `dafka-perf-store` (publish
+   until a store has acknowledged); redis-py's own ceiling against a redis-server.
 2. Consume stored records through the gateway (BLPOP one record per call; pipelined
    BLPOPs) next to `dafka-perf-consumer` reading stored records from the start.
-3. Produce-to-BLPOP latency at a fixed rate (a producer process sending one timestamped
-   RPUSHX per record, this process reading with BLPOP; percentiles after a warm-up) next to
-   `dafka-perf-store --rate --timestamp` with `dafka-perf-consumer --latency`.
-   Every record consumed through the gateway is checked: a record lost or delivered twice
-   is reported after the figures.
+3. Produce-to-BLPOP latency at fixed rates (a producer process sending timestamped RPUSHX,
+   what is due at each instant in one pipeline; this process reading with 1 or N BLPOPs in
+   flight; percentiles after a warm-up) next to `dafka-perf-store --rate --timestamp` with
+   `dafka-perf-consumer --latency`. A consumer that falls behind the rate is flagged: its
+   latency is then the backlog.
+Every record consumed through the gateway is checked: records lost or delivered twice, and
+what the gateway logged above info, are reported.
 
 Kafka engine (on a Tansu broker):
 4. redis-benchmark RPUSHX (50 clients, without and with -P 16) against the rafka gateway
