@@ -7,6 +7,7 @@ APT_PACKAGES := redis-server redis-tools ruby ruby-redis
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PORT ?= 6380
 PYTEST_ARGS ?=
+BENCH_ARGS ?=
 
 .PHONY: run test venv system-packages lint typecheck pytest bench bench-dafka clean
 
@@ -53,8 +54,10 @@ pytest: venv system-packages
 
 test: system-packages venv lint typecheck pytest
 
+# The gateway on both engines, next to references measured in the same run (about 5 min).
+# `make bench BENCH_ARGS="--engine dafka"`: one engine; `--help` for the rest.
 bench: venv system-packages
-	$(BIN)/python bench/run.py
+	$(BIN)/python bench/run.py $(BENCH_ARGS)
 
 # The Dafka programs (tower, store, perf tools) as processes on loopback: throughput, latency.
 bench-dafka: venv
