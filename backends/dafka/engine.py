@@ -25,6 +25,7 @@ from backends.base import (
     EngineError,
     EngineOptions,
     MetadataError,
+    ProduceError,
     ProducerCreationError,
     Stats,
 )
@@ -34,7 +35,14 @@ from backends.dafka.groups import Group, Member
 from backends.dafka.observer import NotSettled, Observer
 from backends.dafka.offsets import OFFSETS_TOPIC, CommitLog
 from backends.dafka.partitions import PartitionMap, make_partitioner
-from backends.dafka.producing import ASK_INTERVAL, PartitionWriter, ProducerHandle
+from backends.dafka.producer import check_topic
+from backends.dafka.producing import (
+    ASK_INTERVAL,
+    INTERNAL_PREFIX,
+    INVALID_TOPIC,
+    PartitionWriter,
+    ProducerHandle,
+)
 from backends.dafka.reader import Event, Reader
 from backends.dafka.settings import RESETS, DafkaSettings
 
@@ -149,6 +157,7 @@ class DafkaEngine(Engine):
         self._observer: Observer | None = None
         self._writers: dict[tuple[str, int], PartitionWriter] = {}
         self._by_address: dict[tuple[str, str], PartitionWriter] = {}
+        self._writable: set[str] = set()  # topics checked for produce
         self._groups: dict[str, Group] = {}
         self._reader: Reader | None = None
         self._readers_of: dict[str, set[Group]] = {}  # topic -> groups reading it
@@ -264,6 +273,16 @@ class DafkaEngine(Engine):
         return ProducerHandle(self, session_id)
 
     def writer_for(self, topic: str, key: bytes | None) -> PartitionWriter:
+        """The writer of the partition a record of `topic` with `key` goes to; raises
+        ProduceError for a topic that cannot be written (checked once per topic)."""
+        if topic not in self._writable:
+            try:
+                check_topic(topic)
+            except ValueError:
+                raise ProduceError(INVALID_TOPIC) from None
+            if topic.startswith(INTERNAL_PREFIX):
+                raise ProduceError(INVALID_TOPIC)  # commits must not be forged
+            self._writable.add(topic)
         count = self.settings.partition_count(topic)
         number = self.settings.node * count + self._partitioner(key, count)
         return self.writer(topic, number)

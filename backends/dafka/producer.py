@@ -32,7 +32,7 @@ import struct
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import structlog
 import zmq
@@ -148,6 +148,20 @@ class Producer:
                 self._wake_pending = True
                 self._signal(_WAKE)
         return sequence
+
+    def publish_many(self, contents: Sequence[bytes]) -> int:
+        """Queue `contents` in order with one hand-over to the actor (one lock, at most
+        one wake-up); returns the first one's sequence."""
+        with self._lock:
+            if self._closed or self._failed:
+                raise RuntimeError("Dafka producer is closed")
+            self._queue.extend(contents)
+            first = self.first_sequence + self._submitted
+            self._submitted += len(contents)
+            if not self._wake_pending:
+                self._wake_pending = True
+                self._signal(_WAKE)
+        return first
 
     def _signal(self, command: bytes) -> None:
         """Send a command to the actor (caller holds `_lock`). Never blocks: a dead actor

@@ -44,8 +44,14 @@ def test_partitioners_pick_what_librdkafka_picks() -> None:
     for key in (b"kafka", b"user-42", b""):
         assert crc(key, 7) == zlib.crc32(key) % 7
         assert java(key, 7) == (murmur2(key) & 0x7FFFFFFF) % 7
-    spread = [crc(None, 3) for _ in range(6)]
-    assert sorted(spread) == [0, 0, 1, 1, 2, 2], "keyless records are spread evenly"
+    now = [0.0]
+    sticky = make_partitioner("consistent_random", clock=lambda: now[0], sticky=0.01)
+    picked = []
+    for _ in range(6):
+        picked.append([sticky(None, 3) for _ in range(4)])
+        now[0] += 0.01
+    assert all(len(set(burst)) == 1 for burst in picked), "one partition per 10 ms"
+    assert [burst[0] for burst in picked] == [0, 1, 2, 0, 1, 2], "then the next one"
     with pytest.raises(ValueError, match="unknown partitioner 'fnv'"):
         make_partitioner("fnv")
 
