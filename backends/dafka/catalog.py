@@ -140,6 +140,15 @@ def retention_values(config: Mapping[str, str]) -> tuple[int | None, int | None]
     return values[0], values[1]
 
 
+def is_gone(entry: TopicEntry, heads: Mapping[str, int]) -> bool:
+    """Whether a topic is deleted: its latest entry is a deletion and no partition of
+    `heads` (address -> head, as the network reports them now) went past the heads the
+    deletion saw (a record written since brings the topic back, as on Kafka)."""
+    return entry.deleted and all(
+        head <= entry.heads.get(address, -1) for address, head in heads.items()
+    )
+
+
 class Catalog:
     """The latest entry of every topic, as applied so far (one thread at a time)."""
 
