@@ -179,6 +179,7 @@ class DafkaAdmin(Admin):
         self._catalog = Catalog()
         self._deletions: dict[str, TopicEntry] = {}  # the latest deletion of each topic
         self._store_config: Config | None = None  # what the stores were given, if known
+        self._joined_at = 0.0
         self._closed = False
 
     # --- connection ------------------------------------------------------------------------
@@ -190,10 +191,23 @@ class DafkaAdmin(Admin):
             self._network = await self._join()
         network = self._network
         try:
-            if self._observer is None:
-                self._observer = await asyncio.to_thread(Observer, network.config, settle=0.1)
-            if self._reader is None:
-                self._reader = await asyncio.to_thread(Reader, network.config, self._events.put)
+            if self._observer is None or self._reader is None:
+                # Together: each finds the stores through the tower (a beacon interval).
+                made = await asyncio.gather(
+                    asyncio.to_thread(Observer, network.config, settle=0.1),
+                    asyncio.to_thread(Reader, network.config, self._events.put),
+                    return_exceptions=True,
+                )
+                self._joined_at = time.monotonic()
+                for actor in made:
+                    if isinstance(actor, Observer):
+                        self._observer = actor
+                    elif isinstance(actor, Reader):
+                        self._reader = actor
+                errors = [error for error in made if isinstance(error, BaseException)]
+                if errors:
+                    raise errors[0]
+            assert self._observer is not None and self._reader is not None
             await asyncio.to_thread(self._observer.wait_settled, network.stores, self._timeout)
         except (NotSettled, TowerUnreachable, OSError) as error:
             raise AdminError(f"cannot reach {network.where()}: {error}") from None
@@ -498,7 +512,11 @@ class DafkaAdmin(Admin):
         observer = self._observer
         assert observer is not None
         deadline = time.monotonic() + self._timeout
-        while observer.held_by_all(TOPICS_TOPIC, address) < sequence:
+        # Every store announces itself once per beacon interval: after one (and the
+        # settling of its answers), the observer has met every store the tower knows.
+        interval = network.config.get_int("beacon/interval", 1000) / 1000
+        met_all = self._joined_at + interval + 0.2
+        while time.monotonic() < met_all or observer.held_by_all(TOPICS_TOPIC, address) < sequence:
             if time.monotonic() >= deadline:
                 raise AdminError(
                     f"the change is stored, but not every store of {network.where()} holds "
