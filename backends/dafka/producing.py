@@ -41,6 +41,9 @@ class PartitionWriter:
         self.topic = topic
         self.number = number
         self.address = own_address(topic, number)
+        # Commits are counted as such (consumer.committed.offsets), not as records
+        # clients produced.
+        self._counts_delivered = not topic.startswith(INTERNAL_PREFIX)
         self._engine = engine
         self._loop = asyncio.get_running_loop()
         self._producer: DafkaProducer | None = None
@@ -123,7 +126,8 @@ class PartitionWriter:
         acked = last_acked - self._first_sequence + 1
         if acked > self.acked:
             self._engine.observer.note_stored(self.topic, self.address, last_acked)
-            self._engine.stats.incr(Stats.DELIVERED, acked - self.acked)
+            if self._counts_delivered:
+                self._engine.stats.incr(Stats.DELIVERED, acked - self.acked)
             self.acked = acked
             self._engine.progress()
 
