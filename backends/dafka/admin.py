@@ -97,10 +97,13 @@ class _RunningGateway(Network):
         self.config = Config({**actor, **values})
         # The stores of this run: those given the tower of this run (a directory may keep
         # more store-<i> from a run with more stores).
-        self.stores = sum(
-            1
-            for index in range(_store_dirs(data_dir))
-            if _tower_of(data_dir / f"store-{index}" / "stored.cfg") == sub
+        self.stores = max(
+            1,
+            sum(
+                1
+                for index in range(_store_dirs(data_dir))
+                if _tower_of(data_dir / f"store-{index}" / "stored.cfg") == sub
+            ),
         )
         self._where = f"the Dafka network of the rafka running on {data_dir}"
 

@@ -155,17 +155,18 @@ class Catalog:
     def __init__(self) -> None:
         self._entries: dict[str, TopicEntry] = {}
 
-    def apply(self, content: bytes) -> TopicEntry | None:
+    def apply(self, content: bytes, *, again: bool = False) -> TopicEntry | None:
         """Apply one record; return its entry when it is now the topic's latest (None:
-        unreadable, logged, or older than what is known)."""
+        unreadable, logged, older than what is known, or the latest already unless
+        `again`: a store applies a record again when the write that held it failed)."""
         try:
             entry = TopicEntry.decode(content)
         except ValueError as error:
             log.error("unreadable topic catalog record skipped", error=str(error))
             return None
         known = self._entries.get(entry.topic)
-        if known is not None and known.unix_ms > entry.unix_ms:
-            return None
+        if known is not None and (known.unix_ms > entry.unix_ms or (known == entry and not again)):
+            return None  # older, or read again (a partition of the catalog found late)
         self._entries[entry.topic] = entry
         return entry
 

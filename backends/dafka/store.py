@@ -601,7 +601,7 @@ class _Writer(_Actor):
 
     def _on_catalog(self, batch: WriteBatch, content: bytes) -> None:
         """A topic catalog record is being stored: apply it in the same batch."""
-        entry = self.store.catalog.apply(content)
+        entry = self.store.catalog.apply(content, again=True)
         if entry is None:
             return
         self.store.retention.apply_entry(entry)

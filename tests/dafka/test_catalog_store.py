@@ -34,6 +34,7 @@ def test_entries_round_trip_and_the_latest_wins() -> None:
     assert TopicEntry.decode(entry.encode()) == entry
     catalog = Catalog()
     assert catalog.apply(entry.encode()) == entry
+    assert catalog.apply(entry.encode()) is None, "an entry read again is no news"
     assert catalog.partitions("orders") == 3
     older = TopicEntry("orders", 0, deleted=True, unix_ms=entry.unix_ms - 1)
     assert catalog.apply(older.encode()) is None, "an older entry must not win"
