@@ -75,6 +75,8 @@ CATALOG_PARTITION = 0  # rafka-topics writes the catalog's partition 0
 # How long a partition may take to answer a FETCH from 0 before it counts as empty
 # (the stores keep a partition's head record: only a store that lost it stays silent).
 FIRST_WAIT = 2.0
+# How long a store that answered nothing yet gets before it counts as holding nothing.
+SILENT_STORE_WAIT = 1.0
 ASK_INTERVAL = 0.02  # seconds between two questions to the stores while waiting for them
 
 
@@ -276,7 +278,7 @@ class DafkaAdmin(Admin):
         """Every head afresh, and the whole catalog up to the stores' heads."""
         network, observer, reader = await self._connect()
         try:
-            await asyncio.to_thread(observer.refresh, network.stores, self._timeout)
+            await asyncio.to_thread(self._settle, observer, network.stores)
         except NotSettled as error:
             raise AdminError(f"cannot reach {network.where()}: {error}") from None
         catalog = Catalog()
@@ -292,6 +294,16 @@ class DafkaAdmin(Admin):
             apply(content)
         self._catalog, self._deletions = catalog, deletions
         return network, observer, reader
+
+    def _settle(self, observer: Observer, stores: int) -> None:
+        """Blocking: every head afresh. "Settled" means no answer came for a moment; on a
+        busy machine a store may take longer than that to answer at all, so wait (a
+        bounded while: an empty store never answers) until every store greeted did."""
+        observer.refresh(stores, self._timeout)
+        deadline = time.monotonic() + min(SILENT_STORE_WAIT, self._timeout)
+        while observer.answered() < observer.stores and time.monotonic() < deadline:
+            time.sleep(0.02)
+        observer.wait_settled(stores, self._timeout)
 
     def _stored_heads(self, topic: str) -> dict[str, int]:
         observer = self._observer
