@@ -62,11 +62,6 @@ class TcpProxy:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
 
-    @property
-    def open_connections(self) -> int:
-        with self._lock:
-            return sum(1 for client, _ in self._pairs if client.fileno() != -1)
-
     def cut(self) -> int:
         """Close every current connection at both ends; returns how many."""
         with self._lock:
