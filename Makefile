@@ -43,8 +43,8 @@ else
 endif
 
 lint: venv
-	$(BIN)/ruff check gateway backends tests e2e bench
-	$(BIN)/ruff format --check gateway backends tests e2e bench
+	$(BIN)/ruff check gateway backends clients tests e2e bench
+	$(BIN)/ruff format --check gateway backends clients tests e2e bench
 
 typecheck: venv
 	$(BIN)/mypy

@@ -17,6 +17,10 @@ has neither) must give them Kafka's meaning:
   the group wants. A member that takes the partition over starts there.
 - Records of one partition are handed out in offset order; records with the same key
   land in the same partition.
+
+Reads by offset (`Engine.partition_offsets`, `Engine.read`; the gateway's LLEN and LRANGE) belong
+to no consumer group: they never join one, never commit, and never move a group's
+committed offset or a member's position.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeAlias
+from typing import NamedTuple, TypeAlias
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +42,17 @@ class Record:
     key: bytes | None
     value: bytes | None
     timestamp_ms: int | None = None
+
+
+class PartitionOffsets(NamedTuple):
+    """Where one partition's log stands (`Engine.partition_offsets`)."""
+
+    # The offset of the oldest record still held: 0 until retention removes records
+    # from the head of the log; equal to `next` when no record is held.
+    first: int
+    # The offset the next record produced to the partition will get: one past the last
+    # record's, 0 for a partition that never had a record.
+    next: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +112,18 @@ class MetadataClientError(MetadataError):
     """Topic listing failed because the engine could not make the client it lists topics
     with (gateway answers `ERR Error spawning producer: <text>`, Rafka's text: it listed
     topics through the connection's producer)."""
+
+
+class ReadError(EngineError):
+    """A read by offset failed (gateway answers `ERR read failed: <text>`)."""
+
+
+class UnknownPartitionError(ReadError):
+    """A read by offset named a topic or a partition the engine does not have (gateway
+    answers `ERR unknown topic or partition <topic>:<partition>`)."""
+
+
+READS_NOT_SUPPORTED = "reads by offset are not supported by this engine"
 
 
 class Stats:
@@ -265,6 +292,31 @@ class Engine(ABC):
         """Where the log is, for the start-up line: e.g. the brokers, or a directory."""
         return ""
 
+    async def partition_offsets(self, topic: str, partition: int) -> PartitionOffsets:
+        """The first held and the next offset of (topic, partition), as of now.
+
+        Belongs to no consumer group (see the module docstring). Raises
+        UnknownPartitionError for a topic or partition that does not exist, ReadError for
+        any other failure (the engine stopped, a timeout). This default raises ReadError:
+        an engine without reads by offset answers every LLEN and LRANGE with an error.
+        """
+        raise ReadError(READS_NOT_SUPPORTED)
+
+    async def read(
+        self, topic: str, partition: int, start: int, stop: int, limit: int
+    ) -> list[Record]:
+        """The records of (topic, partition) with `start <= offset <= stop`, in offset
+        order, at most the first `limit` of them (`0 <= start`, `1 <= limit`).
+
+        Offsets past the last record, or no longer held, are simply absent: a range past
+        the head gives what is there up to the head (maybe nothing), `start > stop` gives
+        []. Does not wait for records to arrive. Records carry topic, partition, offset,
+        key, value and timestamp as BLPOP's would. Belongs to no consumer group. Raises
+        UnknownPartitionError / ReadError as `partition_offsets()` does; this default raises
+        ReadError.
+        """
+        raise ReadError(READS_NOT_SUPPORTED)
+
 
 # --- administration: topics (rafka-topics) -----------------------------------------------
 #
@@ -286,7 +338,7 @@ class UnknownTopicError(AdminError):
 
 
 @dataclass(frozen=True, slots=True)
-class PartitionOffsets:
+class TopicPartitionOffsets:
     """One partition of a topic: the oldest offset the log keeps and the offset the next
     record will get (`first == next`: nothing kept)."""
 
@@ -316,7 +368,7 @@ class TopicDescription:
     """
 
     name: str
-    partitions: tuple[PartitionOffsets, ...]
+    partitions: tuple[TopicPartitionOffsets, ...]
     config: Mapping[str, str]
     groups: tuple[GroupOffsets, ...] = ()
 

@@ -67,6 +67,8 @@ class Config:
     consume_batch: int = 500
     # Lines a MONITOR connection may have queued before new ones are dropped (Rafka: 1000).
     monitor_queue_size: int = 1000
+    # Records one LRANGE may answer; a larger range is refused.
+    max_range: int = 1000
     log_format: str = "console"
     log_level: str = "info"
     # Where an engine that keeps data on this machine keeps it (Dafka, embedded).
@@ -172,6 +174,7 @@ _GATEWAY_KEYS: dict[str, Any] = {
     "metadata_timeout": lambda v: _as_seconds("metadata_timeout", v, allow_zero=False),
     "monitor_queue_size": lambda v: _as_int("monitor_queue_size", v, 1),
     "consume_batch": lambda v: _as_int("consume_batch", v, 1, 1_000_000),
+    "max_range": lambda v: _as_int("max_range", v, 1, 1_000_000),
     "log_format": lambda v: _as_choice("log_format", v, LOG_FORMATS),
     "log_level": lambda v: _as_choice("log_level", v, LOG_LEVELS),
     "data_dir": lambda v: _as_text("data_dir", v),

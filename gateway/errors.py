@@ -165,6 +165,36 @@ def monitor_arguments() -> RespError:
     return err("command 'monitor' does not accept any extra arguments")
 
 
+# --- LLEN / LRANGE (reads by offset; not in Rafka) -------------------------------------------
+
+
+def read_key_form(key: str) -> RespError:
+    return err(f"key must be in the form of 'topics:<topic>:<partition>', got '{key}'")
+
+
+def read_partition(partition: str) -> RespError:
+    return err(f"partition must be an integer from 0 to 2147483647, got '{partition}'")
+
+
+def unknown_partition(topic: str, partition: int) -> RespError:
+    return err(f"unknown topic or partition {topic}:{partition}")
+
+
+def range_over_limit(count: int, limit: int) -> RespError:
+    return err(f"range of {count} records is over the limit of {limit} (gateway.max_range)")
+
+
+def range_not_held(topic: str, partition: int, start: int, stop: int, first: int) -> RespError:
+    return err(
+        f"offsets {start} to {stop} of {topic}:{partition} are no longer held, "
+        f"the first held offset is {first}"
+    )
+
+
+def read_failed(cause: str) -> RespError:
+    return err(f"read failed: {cause}")
+
+
 # --- Unsupported (#28) --------------------------------------------------------------------
 
 

@@ -42,9 +42,9 @@ from backends.base import (
     EngineError,
     EngineOptions,
     GroupOffsets,
-    PartitionOffsets,
     TopicDescription,
     TopicExistsError,
+    TopicPartitionOffsets,
     UnknownTopicError,
 )
 from backends.dafka.beacon import TowerUnreachable
@@ -437,13 +437,13 @@ class DafkaAdmin(Admin):
         firsts = await asyncio.to_thread(
             self._read, topic, probe, True, min(FIRST_WAIT, self._timeout)
         )
-        offsets: list[PartitionOffsets] = []
+        offsets: list[TopicPartitionOffsets] = []
         next_of: dict[int, int] = {}
         for number in sorted(partitions):
             where, head = partitions[number]
             answered = firsts.get(where, []) if where is not None else []
             first = answered[0][0] if answered else head + 1
-            offsets.append(PartitionOffsets(number, min(first, head + 1), head + 1))
+            offsets.append(TopicPartitionOffsets(number, min(first, head + 1), head + 1))
             next_of[number] = head + 1
         groups = await self._groups(topic, next_of, deletion)
         return TopicDescription(topic, tuple(offsets), self._topic_config(topic, entry), groups)

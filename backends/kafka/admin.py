@@ -33,9 +33,9 @@ from backends.base import (
     AdminError,
     EngineOptions,
     GroupOffsets,
-    PartitionOffsets,
     TopicDescription,
     TopicExistsError,
+    TopicPartitionOffsets,
     UnknownTopicError,
 )
 from backends.kafka.settings import KafkaSettings
@@ -161,7 +161,7 @@ class KafkaAdmin(Admin):
             topic, tuple(offsets), self._config(topic), self._groups(topic, next_of)
         )
 
-    def _offsets(self, topic: str, numbers: list[int]) -> list[PartitionOffsets]:
+    def _offsets(self, topic: str, numbers: list[int]) -> list[TopicPartitionOffsets]:
         config = {
             **self._consumer_config,
             "group.id": "rafka-topics",
@@ -189,7 +189,7 @@ class KafkaAdmin(Admin):
         finally:
             consumer.close()
         return [
-            PartitionOffsets(number, low, max(high, ends.get(number, high)))
+            TopicPartitionOffsets(number, low, max(high, ends.get(number, high)))
             for number, (low, high) in sorted(marks.items())
         ]
 

@@ -18,11 +18,14 @@ from backends.base import (
     EngineOptions,
     MetadataClientError,
     MetadataError,
+    PartitionOffsets,
     ProducerCreationError,
+    Record,
     Stats,
 )
 from backends.kafka.consumer import MAX_BATCH, KafkaConsumer
 from backends.kafka.producer import ProducerHandle, SharedProducer
+from backends.kafka.reads import KafkaReads
 from backends.kafka.settings import KafkaSettings, consumer_overrides
 from backends.kafka.texts import error_text
 
@@ -48,6 +51,7 @@ class KafkaEngine(Engine):
         self._consume_batch = batch
         self._producer: SharedProducer | None = None
         self._consumers: set[KafkaConsumer] = set()
+        self._reads = KafkaReads(self._consumer_config, options.metadata_timeout)
         self._stopped = False
 
     async def start(self) -> None:
@@ -58,6 +62,7 @@ class KafkaEngine(Engine):
         self._stopped = True
         # Concurrently: each close waits for its own group to be left.
         await asyncio.gather(*(consumer.close() for consumer in list(self._consumers)))
+        await self._reads.close()
         shared, self._producer = self._producer, None
         if shared is not None:
             await shared.close(self._stop_flush_timeout)
@@ -119,3 +124,12 @@ class KafkaEngine(Engine):
         except KafkaException as exc:
             raise MetadataError(error_text(exc)) from None
         return sorted(metadata.topics)
+
+    async def partition_offsets(self, topic: str, partition: int) -> PartitionOffsets:
+        """Each call: a short-lived assign()-based consumer (backends/kafka/reads.py)."""
+        return await self._reads.partition_offsets(topic, partition)
+
+    async def read(
+        self, topic: str, partition: int, start: int, stop: int, limit: int
+    ) -> list[Record]:
+        return await self._reads.read(topic, partition, start, stop, limit)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.commands import admin, connection, consume, introspection, produce
+from gateway.commands import admin, connection, consume, introspection, produce, read
 from gateway.commands.base import Argument, CommandSpec
 
 _SPECS = (
@@ -50,6 +50,30 @@ _SPECS = (
         "Wait up to <timeout ms> for this connection's records; reply how many are left",
         "generic",
         (Argument("timeout-ms", "integer"),),
+    ),
+    CommandSpec(
+        "LLEN",
+        read.llen,
+        2,
+        ("readonly",),
+        "A partition's next offset: LLEN topics:<topic>:<partition>",
+        "list",
+        (Argument("key", "key"),),
+        first_key=1,
+        last_key=1,
+        key_step=1,
+    ),
+    CommandSpec(
+        "LRANGE",
+        read.lrange,
+        4,
+        ("readonly",),
+        "Records by offset: LRANGE topics:<topic>:<partition> <start> <stop> (inclusive)",
+        "list",
+        (Argument("key", "key"), Argument("start", "integer"), Argument("stop", "integer")),
+        first_key=1,
+        last_key=1,
+        key_step=1,
     ),
     CommandSpec(
         "HGETALL",

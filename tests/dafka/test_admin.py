@@ -15,8 +15,8 @@ from backends.base import (
     AdminError,
     EngineOptions,
     GroupOffsets,
-    PartitionOffsets,
     TopicExistsError,
+    TopicPartitionOffsets,
     UnknownTopicError,
 )
 from backends.dafka.admin import DafkaAdmin
@@ -108,7 +108,7 @@ def test_describe_shows_offsets_retention_and_group_lag(network: tuple[Config, S
             described = await admin.describe("lagging")
         finally:
             await admin.close()
-        assert described.partitions == (PartitionOffsets(0, 0, 12),)
+        assert described.partitions == (TopicPartitionOffsets(0, 0, 12),)
         assert described.config["retention.bytes"] == "1000000"
         assert described.groups == (GroupOffsets("billing", 0, 10, 2),)
 
@@ -147,11 +147,11 @@ def test_delete_removes_records_offsets_and_the_topic(network: tuple[Config, Sto
                 await member.close()
             assert [record.offset for record in again] == [5, 6]
             described = await admin.describe("doomed")
-            assert described.partitions == (PartitionOffsets(0, 5, 7),)
+            assert described.partitions == (TopicPartitionOffsets(0, 5, 7),)
             await admin.create_topic("reborn", 2, {})
             await admin.delete_topic("reborn")
             await admin.create_topic("reborn", 3, {})
-            assert (await admin.describe("reborn")).partitions[-1] == PartitionOffsets(2, 0, 0)
+            assert (await admin.describe("reborn")).partitions[-1] == TopicPartitionOffsets(2, 0, 0)
         finally:
             await admin.close()
 

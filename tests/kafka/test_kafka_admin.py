@@ -16,8 +16,8 @@ from backends.base import (
     AdminError,
     EngineOptions,
     GroupOffsets,
-    PartitionOffsets,
     TopicExistsError,
+    TopicPartitionOffsets,
     UnknownTopicError,
 )
 from backends.kafka.admin import KafkaAdmin
@@ -56,9 +56,9 @@ def test_create_describe_delete(tansu: TansuBroker) -> None:
             consumer.close()
             described = await admin.describe(name)
             assert described.partitions == (
-                PartitionOffsets(0, 0, 0),
-                PartitionOffsets(1, 0, 12),
-                PartitionOffsets(2, 0, 0),
+                TopicPartitionOffsets(0, 0, 0),
+                TopicPartitionOffsets(1, 0, 12),
+                TopicPartitionOffsets(2, 0, 0),
             )
             assert described.retention_ms == "3600000"
             assert GroupOffsets(group, 1, 10, 2) in described.groups

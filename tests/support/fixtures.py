@@ -10,6 +10,7 @@ import pytest
 from backends.registry import ENGINES, EngineEntry
 from gateway.config import Config
 from tests.support.engines import FACTORIES, EngineFactory
+from tests.support.redis_server import RedisServer
 from tests.support.tansu import TansuBroker
 
 
@@ -18,6 +19,14 @@ def tansu() -> Iterator[TansuBroker]:
     """One Tansu broker for the whole run; tests use their own random topic names."""
     with TansuBroker() as broker:
         yield broker
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    """A plain redis-server (the client's test double) for the whole run; tests use keys
+    of their own."""
+    with RedisServer() as server:
+        yield server
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -16,6 +16,9 @@ the contract suite (tests/engines/test_contract.py) like the real engines.
   committed first; its new owner starts at the committed offset, so the records handed
   out but not acked are delivered again. Acks are committed on revocation and close.
 - Acks for a partition the member does not own are refused, as librdkafka refuses them.
+- Reads by offset (`partition_offsets`, `read`) look at the log under its lock and touch no group.
+  `MemoryLog.expire(topic, partition, before)` plays retention: records below `before`
+  are no longer held (reads skip them, members positioned before them jump to `before`).
 
 Registered for the tests as engine "memory" (tests/support/fixtures.py). Its section of
 the configuration document::
@@ -48,11 +51,14 @@ from backends.base import (
     EngineOptions,
     EngineSettings,
     MetadataError,
+    PartitionOffsets,
     ProduceError,
     Producer,
     ProducerCreationError,
+    ReadError,
     Record,
     Stats,
+    UnknownPartitionError,
 )
 
 SECTION = "memory"
@@ -131,6 +137,8 @@ class MemoryLog:
         self.topics: dict[str, list[list[Record]]] = {}
         self._next_unkeyed: dict[str, int] = {}
         self.groups: dict[str, _Group] = {}
+        # Partition -> its first held offset, once retention removed records (expire()).
+        self.first_held: dict[Partition, int] = {}
 
     @classmethod
     def named(cls, name: str) -> MemoryLog:
@@ -205,13 +213,34 @@ class MemoryLog:
     def _records(self, tp: Partition) -> list[Record]:
         return self.topics[tp[0]][tp[1]]
 
+    def expire(self, topic: str, partition: int, before: int) -> None:
+        """Retention: the records of (topic, partition) below offset `before` are gone."""
+        with self.lock:
+            held = len(self._records((topic, partition)))
+            self.first_held[(topic, partition)] = min(max(before, 0), held)
+
+    def offsets(self, topic: str, partition: int) -> PartitionOffsets:
+        with self.lock:
+            partitions = self.topics.get(topic)
+            if partitions is None or not 0 <= partition < len(partitions):
+                raise UnknownPartitionError(f"Unknown partition {topic}:{partition}")
+            return PartitionOffsets(
+                self.first_held.get((topic, partition), 0), len(partitions[partition])
+            )
+
+    def read(self, topic: str, partition: int, start: int, stop: int, limit: int) -> list[Record]:
+        with self.lock:
+            first, following = self.offsets(topic, partition)
+            begin, end = max(start, first), min(stop + 1, following, max(start, first) + limit)
+            return self._records((topic, partition))[begin:end] if begin < end else []
+
     def take(self, member: MemoryConsumer) -> Record | None:
         """The next record of one of `member`'s partitions, taking turns between them."""
         with self.lock:
             owned = sorted(member.positions)
             for step in range(len(owned)):
                 tp = owned[(member.turn + step) % len(owned)]
-                position = member.positions[tp]
+                position = max(member.positions[tp], self.first_held.get(tp, 0))
                 records = self._records(tp)
                 if position < len(records):
                     member.positions[tp] = position + 1
@@ -280,6 +309,20 @@ class MemoryEngine(Engine):
             raise MetadataError(STOPPED)
         with self.log.lock:
             return sorted(self.log.topics)
+
+    async def partition_offsets(self, topic: str, partition: int) -> PartitionOffsets:
+        if self.stopped:
+            raise ReadError(STOPPED)
+        return self.log.offsets(topic, partition)
+
+    async def read(
+        self, topic: str, partition: int, start: int, stop: int, limit: int
+    ) -> list[Record]:
+        if self.stopped:
+            raise ReadError(STOPPED)
+        if start < 0 or limit < 1:
+            raise ValueError(f"read needs start >= 0 and limit >= 1, got {start}, {limit}")
+        return self.log.read(topic, partition, start, stop, limit)
 
     def enqueue(self, handle: MemoryProducer, topic: str, key: bytes | None, value: bytes) -> None:
         """Accept a record now, deliver it on a later turn of the loop (as a broker

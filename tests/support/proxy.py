@@ -1,0 +1,95 @@
+"""A TCP proxy on 127.0.0.1 whose connections a test can cut, as a network failure would:
+the client and the server both see their connection closed, the listener stays up."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+from types import TracebackType
+
+
+class TcpProxy:
+    def __init__(self, target_port: int) -> None:
+        self._target = ("127.0.0.1", target_port)
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self._listener.getsockname()[1]
+        self._lock = threading.Lock()
+        self._pairs: list[tuple[socket.socket, socket.socket]] = []
+        self.accepted = 0
+        self._threads: list[threading.Thread] = []
+        self._closed = False
+
+    def start(self) -> TcpProxy:
+        self._spawn(self._accept)
+        return self
+
+    def _spawn(self, target: object, *args: object) -> None:
+        thread = threading.Thread(target=target, args=args, daemon=True)  # type: ignore[arg-type]
+        thread.start()
+        self._threads.append(thread)
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return  # closed
+            try:
+                server = socket.create_connection(self._target, timeout=5)
+            except OSError:
+                client.close()
+                continue
+            server.settimeout(None)
+            with self._lock:
+                if self._closed:
+                    client.close()
+                    server.close()
+                    return
+                self._pairs.append((client, server))
+                self.accepted += 1
+            self._spawn(self._pump, client, server)
+            self._spawn(self._pump, server, client)
+
+    @staticmethod
+    def _pump(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        for sock in (source, sink):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def cut(self) -> int:
+        """Close every current connection at both ends; returns how many."""
+        with self._lock:
+            pairs, self._pairs = self._pairs, []
+        for pair in pairs:
+            for sock in pair:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+                sock.close()
+        return len(pairs)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() (Linux)
+        self._listener.close()
+        self.cut()
+        for thread in self._threads:
+            thread.join(timeout=5)
+
+    def __enter__(self) -> TcpProxy:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
