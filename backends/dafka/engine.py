@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import threading
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import structlog
 
@@ -27,13 +29,18 @@ from backends.base import (
     EngineError,
     EngineOptions,
     MetadataError,
+    PartitionOffsets,
     ProduceError,
     ProducerCreationError,
+    ReadError,
+    Record,
     Stats,
+    UnknownPartitionError,
 )
 from backends.dafka.catalog import TOPICS_TOPIC, Catalog, TopicEntry, is_gone
 from backends.dafka.config import Config as DafkaConfig
 from backends.dafka.embedded import EmbeddedNetwork, EmbeddedNetworkError
+from backends.dafka.envelope import unwrap
 from backends.dafka.groups import Group, Member
 from backends.dafka.observer import NotSettled, Observer
 from backends.dafka.offsets import OFFSETS_TOPIC, CommitLog
@@ -52,6 +59,18 @@ from backends.dafka.settings import RESETS, DafkaSettings
 log = structlog.get_logger("rafka.dafka.engine")
 
 STOPPED = "Engine stopped"
+FETCH_QUIET = 0.05  # seconds between two looks at a read's records
+FETCH_SETTLE = 0.2  # a read that got records and no more for this long is complete
+
+
+@dataclass(frozen=True)
+class ReadKey:
+    """The reader cursor of one read by offset (groups' cursors are tuples)."""
+
+    number: int
+    count: int
+
+
 # The embedded stores keep commits a week; a snapshot of every offset is written far more
 # often (at start and every dafka.snapshot_interval), so no live offset is ever lost.
 OFFSETS_RETENTION = f"store/topics/{OFFSETS_TOPIC}/retention/ms"
@@ -168,6 +187,8 @@ class DafkaEngine(Engine):
         self._readers_of: dict[str, set[Group]] = {}  # topic -> groups reading it
         self._inbox: list[Event] = []
         self._inbox_lock = threading.Lock()
+        self._reads: dict[ReadKey, list[tuple[int, bytes]]] = {}
+        self._read_numbers = itertools.count()
         self._members: set[Member] = set()
         self._progress: asyncio.Future[None] | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -410,7 +431,11 @@ class DafkaEngine(Engine):
             events, self._inbox = self._inbox, []
         groups = self._groups
         for event in events:
-            if event[0] == "record":
+            if event[0] == "record" and isinstance(event[1], ReadKey):
+                self._reads[event[1]].append((event[2], event[3]))
+                if len(self._reads[event[1]]) >= event[1].count:
+                    self.progress()
+            elif event[0] == "record":
                 _, (name, topic, address), seq, content, generation = event
                 if name is None:
                     self._on_catalog_record(address, content)
@@ -462,6 +487,109 @@ class DafkaEngine(Engine):
         """Deleted with rafka-topics, and nothing written to it since."""
         entry = entry or self.catalog.get(topic)
         return entry is not None and is_gone(entry, self.observer.heads(topic))
+
+    # --- reads by offset (LLEN, LRANGE) --------------------------------------------------
+
+    def _read_address(self, topic: str, partition: int) -> str:
+        """The address of a partition that exists: of a topic created, configured
+        (`topic_partitions`) or holding records, in the node-0 or this node's block of
+        numbers, or any partition the stores know. Raises UnknownPartitionError."""
+        if self.stopped or not self._started:
+            raise ReadError(STOPPED)
+        heads = self.observer.heads(topic)
+        entry = self.catalog.get(topic)
+        known = (
+            bool(heads)
+            or (entry is not None and not entry.deleted)
+            or self.settings.configured_count(topic) is not None
+            or any(t == topic for t, _ in self._writers)
+        )
+        address = self.partition_map.address(topic, partition) if known else None
+        count = self.partition_count(topic)
+        block = self.settings.node * count
+        if address is not None and (
+            address in heads or 0 <= partition < count or block <= partition < block + count
+        ):
+            return address
+        raise UnknownPartitionError(f"{topic}:{partition}")
+
+    async def partition_offsets(self, topic: str, partition: int) -> PartitionOffsets:
+        address = self._read_address(topic, partition)
+        await self._fresh_heads(topic)
+        head = self.observer.stored_head(topic, address)
+        if head is None:
+            return PartitionOffsets(0, 0)
+        return PartitionOffsets(await self._first_held(topic, address, head), head + 1)
+
+    async def _first_held(self, topic: str, address: str, head: int) -> int:
+        """The oldest offset the stores keep: 0, unless retention took records; then our
+        stores answer a FETCH of 0 with their oldest record, which the reader jumps to."""
+        oldest = await self._fetch(topic, address, 0, 1, head, jump=True)
+        return oldest[0][0] if oldest else head + 1
+
+    async def read(
+        self, topic: str, partition: int, start: int, stop: int, limit: int
+    ) -> list[Record]:
+        address = self._read_address(topic, partition)
+        await self._fresh_heads(topic)
+        head = self.observer.stored_head(topic, address)
+        last = -1 if head is None else min(stop, head)
+        if start > last:
+            return []
+        start = max(start, await self._first_held(topic, address, last))
+        if start > last:
+            return []
+        number = self.partition_map.number(topic, address)
+        records: list[Record] = []
+        for seq, content in await self._fetch(topic, address, start, last - start + 1, last):
+            if len(records) == limit:
+                break
+            key, value = unwrap(content)
+            records.append(Record(topic, number, seq, key, value, None))
+        return records
+
+    async def _fresh_heads(self, topic: str) -> None:
+        """Ask every store for the heads of `topic` and wait until they answered."""
+        observer = self.observer
+        observer.ask({topic})
+        try:
+            await asyncio.to_thread(
+                observer.wait_settled, self._network.stores, self._metadata_timeout
+            )
+        except NotSettled as error:
+            raise ReadError(str(error)) from None
+
+    async def _fetch(
+        self, topic: str, address: str, start: int, count: int, head: int, jump: bool = False
+    ) -> list[tuple[int, bytes]]:
+        """Up to `count` records of a partition from `start` (with `jump`: from the first
+        record the stores answer with, retention having taken the ones before), fetched
+        through the reader; in offset order."""
+        key = ReadKey(next(self._read_numbers), count)
+        self._reads[key] = []
+        self.reader.start(key, topic, address, start, count, 0, head=head, jump=jump)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._metadata_timeout
+        got = self._reads[key]
+        seen, quiet_since = 0, loop.time()
+        try:
+            # Until all came; or, once some came, until no more come for a while (the
+            # stores answer a FETCH in one burst; retention may have taken the rest).
+            while len(got) < count:
+                now = loop.time()
+                if len(got) != seen:
+                    seen, quiet_since = len(got), now
+                elif seen and now - quiet_since >= FETCH_SETTLE:
+                    break
+                if now >= deadline:
+                    break
+                await self.wait_progress(min(deadline - now, FETCH_QUIET))
+        finally:
+            self.reader.drop(key)
+            del self._reads[key]
+        if not got and count:
+            log.info("read by offset got nothing", topic=topic, start=start, count=count)
+        return sorted(got)
 
     def forget_group(self, group: Group) -> None:
         if self._groups.get(group.name) is group:

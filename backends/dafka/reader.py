@@ -56,6 +56,7 @@ Event = tuple[Any, ...]
 
 class _Cursor:
     __slots__ = (
+        "candidate",
         "credit",
         "fetch_end",
         "fetch_until",
@@ -72,6 +73,11 @@ class _Cursor:
         self.next = 0
         self.credit = 0
         self.fresh = False  # may jump to the stores' oldest record (retention)
+        # With `fresh`: the lowest later record the stores answered with. Taken (a jump)
+        # only when the FETCH's time is up without the record asked for: a late answer
+        # to another FETCH is never older than the oldest record kept, so the lowest one
+        # seen is the stores' oldest.
+        self.candidate = -1
         self.generation = 0
         self.fetch_end = 0  # a FETCH asked for records up to here (exclusive)
         self.fetch_until = 0  # ms; after this the FETCH counts as lost
@@ -137,10 +143,11 @@ class Reader:
         generation: int,
         *,
         head: int = -1,
-        jump: bool = False,
+        jump: bool | None = None,
     ) -> None:
         """Deliver `partition` to `cursor` from `next_sequence` on, at most `credit` records
-        until more is granted. From 0, or with `jump`, it starts at the oldest record the
+        until more is granted. From 0 (unless `jump` is False), or with `jump`, it starts at
+        the oldest record the
         stores keep if that is later (retention). `head`: the partition's head when the
         owner knows it, so that the FETCH goes at once even for a topic the reader is not
         subscribed to (a read by offset)."""
@@ -252,6 +259,9 @@ class _Actor:
             for topic in self.heads.due(now):
                 self._send(proto.Message(proto.GET_HEADS, topic.encode(), address=self.uuid))
             for cursor in [c for c in self.fetching if c.fetch_until <= now]:
+                if cursor.fresh and cursor.candidate > cursor.next:
+                    # What was asked for is gone (retention): start at the oldest kept.
+                    cursor.next, cursor.fresh, cursor.candidate = cursor.candidate, False, -1
                 cursor.fetch_end = 0  # lost or partly answered: ask again
                 self._pump(cursor, now)
             apply_events(beacon.tick(now), self.sub)
@@ -305,7 +315,7 @@ class _Actor:
         credit: int,
         generation: int,
         head: int,
-        jump: bool,
+        jump: bool | None,
     ) -> None:
         part = self._part(topic, address)
         part.head = max(part.head, head)
@@ -316,7 +326,8 @@ class _Actor:
         if cursor is None:
             cursor = self.cursors[key] = part.cursors[key] = _Cursor(key, part)
         cursor.next = next_sequence
-        cursor.fresh = jump or next_sequence == 0
+        cursor.fresh = next_sequence == 0 if jump is None else jump
+        cursor.candidate = -1
         cursor.credit = credit
         cursor.generation = generation
         cursor.fetch_end = 0
@@ -383,8 +394,11 @@ class _Actor:
         for cursor in part.cursors.values():
             if cursor.credit <= 0:
                 continue
-            if seq != cursor.next and not (direct and cursor.fresh and seq > cursor.next):
-                continue  # not its next one (the stores' oldest one is, after retention)
+            if seq != cursor.next:
+                if direct and cursor.fresh and seq > cursor.next:
+                    cursor.candidate = seq if cursor.candidate < 0 else min(cursor.candidate, seq)
+                continue
+            cursor.candidate = -1
             cursor.fresh = False
             cursor.next = seq + 1
             cursor.credit -= 1

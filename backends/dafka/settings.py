@@ -77,13 +77,17 @@ class DafkaSettings:
     def partition_count(self, topic: str) -> int:
         """`topic_partitions` by exact name, else by the first glob pattern (`logs.*`) that
         matches, else `partitions`."""
+        return self.configured_count(topic) or self.partitions
+
+    def configured_count(self, topic: str) -> int | None:
+        """The count `topic_partitions` gives `topic` (by name or pattern), if any."""
         count = self.topic_partitions.get(topic)
         if count is not None:
             return count
         for pattern, pattern_count in self.topic_partitions.items():
             if fnmatch.fnmatchcase(topic, pattern):
                 return pattern_count
-        return self.partitions
+        return None
 
 
 ACKS = ("one", "all")

@@ -35,6 +35,8 @@ class EngineFactory(ABC):
     # Whether one key lands on one partition whichever gateway produces it. Not on Dafka,
     # where each gateway writes partitions of its own (docs/dafka-engine.md).
     keys_share_partitions_across_gateways: ClassVar[bool] = True
+    # Whether records carry the time they were produced (Dafka's carry none: null).
+    has_timestamps: ClassVar[bool] = True
 
     @abstractmethod
     def document(self) -> dict[str, Any]:
@@ -116,6 +118,7 @@ class DafkaEngineFactory(EngineFactory):
 
     name = "dafka"
     keys_share_partitions_across_gateways = False
+    has_timestamps = False
 
     def __init__(self, tmp_dir: Path) -> None:
         self._tmp_dir = tmp_dir
