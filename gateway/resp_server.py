@@ -17,8 +17,8 @@ import asyncio
 import inspect
 import signal
 import types
-from collections.abc import Awaitable, Coroutine
-from typing import Any, cast
+from collections.abc import Awaitable
+from typing import Any, TypeAlias, cast
 
 import structlog
 
@@ -26,7 +26,6 @@ from backends.base import Engine, Stats
 from backends.registry import engine_entry
 from gateway import errors
 from gateway.commands import dispatch
-from gateway.commands.base import Reply
 from gateway.config import Config
 from gateway.context import ServerContext
 from gateway.resp import (
@@ -34,6 +33,7 @@ from gateway.resp import (
     ErrorReply,
     ParserLimits,
     ProtocolError,
+    Reply,
     SimpleString,
     encode_into,
     make_parser,
@@ -65,6 +65,10 @@ _IMMEDIATE: frozenset[type] = frozenset(
     }
 )
 
+
+# A command that waits, as _execute hands it to _run: a final class, so that the check
+# `type(reply) is types.CoroutineType` tells mypy which of the two it is.
+Waiting: TypeAlias = "types.CoroutineType[Any, Any, None]"
 
 # _run's "no reply of a waiting command to write first" (None is a reply: RESP null).
 _NO_REPLY: Any = object()
@@ -253,7 +257,7 @@ class Connection(asyncio.Protocol):
         if session.quit or self._closing:
             self._end()
 
-    def _execute(self, command: list[bytes]) -> Reply:
+    def _execute(self, command: list[bytes]) -> Reply | Waiting:
         """The command's reply, or a coroutine that answers it (a waiting command)."""
         session = self.session
         assert session is not None
@@ -265,11 +269,11 @@ class Connection(asyncio.Protocol):
             log.exception("command failed", client=session.id, command=command[:1])
             return error_reply(errors.internal_error().text)
         if type(reply) in _IMMEDIATE or not inspect.isawaitable(reply):
-            return reply
+            return cast(Reply, reply)
         # Reply values are never coroutines: this is what tells _run a command waits.
-        return self._wait(reply, command)
+        return cast(Waiting, self._wait(reply, command))
 
-    def _start_waiting(self, waiting: Coroutine[Any, Any, None]) -> None:
+    def _start_waiting(self, waiting: Waiting) -> None:
         self._buffered = 0
         self._command = self._loop.create_task(waiting)
 

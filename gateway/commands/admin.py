@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from backends.base import MetadataClientError, MetadataError
 from gateway import errors
-from gateway.commands.base import Reply, arg, text
+from gateway.commands.base import Answer, Reply, arg, text
 from gateway.monitor import Monitor
 from gateway.resp import SimpleString
 from gateway.session import Session
@@ -29,7 +29,7 @@ def del_(session: Session, args: list[bytes]) -> Reply:
     return 1
 
 
-def keys(session: Session, args: list[bytes]) -> Reply:
+def keys(session: Session, args: list[bytes]) -> Answer:
     pattern = text(arg(args, 1))
     if pattern != "topics:":
         raise errors.expected_topics_argument(pattern)

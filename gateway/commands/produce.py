@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from backends.base import ProduceError, Producer, ProducerCreationError
 from gateway import errors
-from gateway.commands.base import Reply, text
+from gateway.commands.base import Answer, Reply, text
 from gateway.goparse import GoParseError, parse_int
 from gateway.session import Session
 
@@ -58,7 +58,7 @@ def rpushx(session: Session, args: list[bytes]) -> Reply:
     return count
 
 
-def dump(session: Session, args: list[bytes]) -> Reply:
+def dump(session: Session, args: list[bytes]) -> Answer:
     """DUMP <timeout ms> -> how many of this session's records are still outstanding."""
     producer = session.producer
     if producer is None:
