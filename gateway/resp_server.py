@@ -35,6 +35,7 @@ from gateway.resp import (
     ProtocolError,
     Reply,
     SimpleString,
+    encode,
     encode_into,
     make_parser,
 )
@@ -72,15 +73,6 @@ Waiting: TypeAlias = "types.CoroutineType[Any, Any, None]"
 
 # _run's "no reply of a waiting command to write first" (None is a reply: RESP null).
 _NO_REPLY: Any = object()
-
-
-def error_reply(text: str) -> ErrorReply:
-    return ErrorReply(text)
-
-
-def _line(text: str) -> bytes:
-    # An error line cannot hold CR or LF (they would end it early); Redis does the same.
-    return text.replace("\r", " ").replace("\n", " ").encode("utf-8", "replace")
 
 
 class Connection(asyncio.Protocol):
@@ -126,7 +118,7 @@ class Connection(asyncio.Protocol):
         ctx = server.ctx
         if len(server.live) >= ctx.config.max_clients:
             self._ended = True
-            transport.write(b"-" + _line(errors.max_clients_reached().text) + b"\r\n")
+            transport.write(encode(ErrorReply(errors.max_clients_reached().text)))
             transport.close()
             return
         self.session = session = Session(ctx, peer_id(transport.get_extra_info("peername")))
@@ -234,7 +226,7 @@ class Connection(asyncio.Protocol):
                     command = parser.get_command()
                 except ProtocolError as error:
                     # Answer what came before, then the error, then close (as Rafka).
-                    out.append(b"-" + _line(error.text) + b"\r\n")
+                    encode_into(ErrorReply(error.text), session.protocol, out)
                     transport.write(b"".join(out))
                     self._end()
                     return
@@ -264,10 +256,10 @@ class Connection(asyncio.Protocol):
         try:
             reply = dispatch(session, command)
         except errors.RespError as error:
-            return error_reply(error.text)
+            return ErrorReply(error.text)
         except Exception:
             log.exception("command failed", client=session.id, command=command[:1])
-            return error_reply(errors.internal_error().text)
+            return ErrorReply(errors.internal_error().text)
         if type(reply) in _IMMEDIATE or not inspect.isawaitable(reply):
             return cast(Reply, reply)
         # Reply values are never coroutines: this is what tells _run a command waits.
@@ -282,11 +274,11 @@ class Connection(asyncio.Protocol):
         try:
             reply = await pending
         except errors.RespError as error:
-            reply = error_reply(error.text)
+            reply = ErrorReply(error.text)
         except Exception:
             assert self.session is not None
             log.exception("command failed", client=self.session.id, command=command[:1])
-            reply = error_reply(errors.internal_error().text)
+            reply = ErrorReply(errors.internal_error().text)
         except asyncio.CancelledError:
             # By the teardown (client gone) or a shutdown past its bound.
             self._command = None
