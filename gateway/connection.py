@@ -1,33 +1,29 @@
-"""The asyncio adapter: accept, read, dispatch, write, limits, shutdown.
+"""One client connection: the asyncio Protocol that runs its commands, and its teardown.
 
-Each connection is an asyncio Protocol. Every read is fed to the sans-IO parser and the
-complete commands in it run at once, inside the transport's read callback: no task and
-no future per read. All their replies go out in one write. A command that waits (BLPOP,
-DUMP, KEYS) runs as a task of its own and suspends only its connection; meanwhile the
-socket is still read, so a disconnect is noticed at once and releases the consumer
-(commands pipelined behind it wait their turn in the parser, bounded by the query-buffer
-limit). When the transport's write buffer is full (a client that does not read), the
-connection stops reading and running commands until the buffer drains, so it stalls
-only itself.
+Every read is fed to the sans-IO parser and the complete commands in it run at once,
+inside the transport's read callback: no task and no future per read. All their replies
+go out in one write. A command that waits (BLPOP, DUMP, KEYS) runs as a task of its own
+and suspends only its connection; meanwhile the socket is still read, so a disconnect is
+noticed at once and releases the consumer (commands pipelined behind it wait their turn
+in the parser, bounded by the query-buffer limit; see gateway.flow). While the client
+does not read our replies, the connection runs no commands.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
-import signal
 import types
 from collections.abc import Awaitable
-from typing import Any, TypeAlias, cast
+from typing import Any, Protocol, TypeAlias, cast
 
 import structlog
 
-from backends.base import Engine, Stats
-from backends.registry import engine_entry
 from gateway import errors
 from gateway.commands import dispatch
-from gateway.config import Config
 from gateway.context import ServerContext
+from gateway.flow import FlowControl
+from gateway.idle import IdleTimer
 from gateway.resp import (
     NULL_ARRAY,
     ErrorReply,
@@ -45,8 +41,6 @@ log = structlog.get_logger("rafka.gateway.server")
 
 # How long a closed connection may take to send what is still buffered.
 CLOSE_GRACE = 2.0
-# After the shutdown bound, how long cancelled connections and the engine may take.
-ABANDON_GRACE = 5.0
 
 # Reply types that are never awaitable: checked before the (slow) inspect.isawaitable.
 _IMMEDIATE: frozenset[type] = frozenset(
@@ -66,7 +60,6 @@ _IMMEDIATE: frozenset[type] = frozenset(
     }
 )
 
-
 # A command that waits, as _execute hands it to _run: a final class, so that the check
 # `type(reply) is types.CoroutineType` tells mypy which of the two it is.
 Waiting: TypeAlias = "types.CoroutineType[Any, Any, None]"
@@ -75,15 +68,34 @@ Waiting: TypeAlias = "types.CoroutineType[Any, Any, None]"
 _NO_REPLY: Any = object()
 
 
+class Host(Protocol):
+    """What a connection needs of the server that accepted it (gateway.server.Server)."""
+
+    @property
+    def ctx(self) -> ServerContext: ...
+
+    @property
+    def limits(self) -> ParserLimits: ...
+
+    def admit(self, connection: Connection) -> bool:
+        """Count the connection in; False when it must be refused (max clients)."""
+        ...
+
+    def forget(self, connection: Connection) -> None:
+        """The connection is torn down: count it out (once, and only if admitted)."""
+        ...
+
+
 class Connection(asyncio.Protocol):
     """One client connection: the protocol callbacks, command execution and teardown."""
 
-    def __init__(self, server: Server) -> None:
-        self._server = server
-        self._config = server.ctx.config
+    def __init__(self, host: Host) -> None:
+        self._host = host
+        self._config = host.ctx.config
         self._loop = asyncio.get_running_loop()
-        self._parser = make_parser(server.limits)
+        self._parser = make_parser(host.limits)
         self._transport: asyncio.Transport | None = None
+        self._flow: FlowControl  # from connection_made on
         self.session: Session | None = None
         # Resolved once the connection is torn down and forgotten by the server.
         self.closed: asyncio.Future[None] = self._loop.create_future()
@@ -94,16 +106,7 @@ class Connection(asyncio.Protocol):
         self._teardown_task: asyncio.Task[None] | None = None
         self._ended = False  # no command runs any more; teardown started
         self._closing = False  # close_soon(): close after the command in progress
-        # Why reading is paused: the client does not read our replies (write buffer
-        # full), or it sent more than the query-buffer limit behind a waiting command.
-        self._write_paused = False
-        self._buffer_full = False
-        self._reading_paused = False
-        self._buffered = 0  # bytes received since the waiting command started
-        self._drain_waiters: list[asyncio.Future[None]] = []
-        self._idle_timeout = self._config.idle_timeout
-        self._idle_handle: asyncio.TimerHandle | None = None
-        self._last_activity = 0.0
+        self._idle = IdleTimer(self._loop, self._config.idle_timeout, self._busy, self._end)
 
     @property
     def waiting(self) -> bool:
@@ -114,36 +117,28 @@ class Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport = cast(asyncio.Transport, transport)
-        server = self._server
-        ctx = server.ctx
-        if len(server.live) >= ctx.config.max_clients:
+        self._flow = FlowControl(transport, self._loop, self._config.max_query_buffer)
+        if not self._host.admit(self):
             self._ended = True
+            self._flow.stop()
             transport.write(encode(ErrorReply(errors.max_clients_reached().text)))
             transport.close()
             return
-        self.session = session = Session(ctx, peer_id(transport.get_extra_info("peername")))
+        peer = peer_id(transport.get_extra_info("peername"))
+        self.session = session = Session(self._host.ctx, peer)
         session.writer = self
-        server.live.add(self)
-        ctx.stats.incr(Stats.CONNECTIONS_TOTAL)
-        ctx.stats.incr(Stats.CONNECTIONS_CURRENT)
-        if self._idle_timeout:
-            self._last_activity = self._loop.time()
-            self._idle_handle = self._loop.call_later(self._idle_timeout, self._check_idle)
+        self._idle.start()
 
     def data_received(self, data: bytes) -> None:
         if self._ended:
             return
         self._parser.feed(data)
-        if self._idle_timeout:
-            self._last_activity = self._loop.time()
+        self._idle.touch()
         if self._command is not None:
             # Read on while a command waits (to notice a disconnect), up to the limit.
-            self._buffered += len(data)
-            if self._buffered >= self._config.max_query_buffer:
-                self._buffer_full = True
-                self._update_reading()
+            self._flow.received_while_waiting(len(data))
             return
-        if not self._write_paused:
+        if not self._flow.write_paused:
             self._run()
 
     def eof_received(self) -> bool:
@@ -155,41 +150,19 @@ class Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if not self._lost.done():
             self._lost.set_result(None)
-        for waiter in self._drain_waiters:
-            if not waiter.done():
-                waiter.set_exception(ConnectionResetError("Connection lost"))
-        self._drain_waiters.clear()
+        self._flow.connection_lost()
         self._end()
 
     def pause_writing(self) -> None:
-        self._write_paused = True
-        self._update_reading()
+        self._flow.pause_writing()
 
     def resume_writing(self) -> None:
-        self._write_paused = False
-        for waiter in self._drain_waiters:
-            if not waiter.done():
-                waiter.set_result(None)
-        self._drain_waiters.clear()
+        self._flow.resume_writing()
         if self._ended:
             return
-        self._update_reading()
-        if self._idle_timeout:
-            self._last_activity = self._loop.time()
+        self._idle.touch()
         if self._command is None:
             self._run()  # commands that arrived while the client was not reading
-
-    def _update_reading(self) -> None:
-        transport = self._transport
-        if transport is None or self._ended:
-            return
-        pause = self._write_paused or self._buffer_full
-        if pause and not self._reading_paused:
-            self._reading_paused = True
-            transport.pause_reading()
-        elif not pause and self._reading_paused:
-            self._reading_paused = False
-            transport.resume_reading()
 
     # --- the writer interface of MONITOR (gateway.monitor.Writer) ------------------------
 
@@ -198,12 +171,7 @@ class Connection(asyncio.Protocol):
             self._transport.write(data)
 
     async def drain(self) -> None:
-        if self._transport is None or self._transport.is_closing():
-            raise ConnectionResetError("Connection lost")
-        if self._write_paused:
-            waiter = self._loop.create_future()
-            self._drain_waiters.append(waiter)
-            await waiter
+        await self._flow.drain()
 
     # --- running commands ----------------------------------------------------------------
 
@@ -266,7 +234,7 @@ class Connection(asyncio.Protocol):
         return cast(Waiting, self._wait(reply, command))
 
     def _start_waiting(self, waiting: Waiting) -> None:
-        self._buffered = 0
+        self._flow.command_waits()
         self._command = self._loop.create_task(waiting)
 
     async def _wait(self, pending: Awaitable[Reply], command: list[bytes]) -> None:
@@ -288,12 +256,9 @@ class Connection(asyncio.Protocol):
         if self._ended:
             return
         # Answered inside this task, not in a done callback: one loop iteration less.
-        self._buffered = 0
-        self._buffer_full = False
-        self._update_reading()
-        if self._idle_timeout:
-            self._last_activity = self._loop.time()
-        if self._write_paused:
+        self._flow.command_answered()
+        self._idle.touch()
+        if self._flow.write_paused:
             # Answer now; what is pipelined behind runs once the client reads again.
             assert self.session is not None and self._transport is not None
             out: list[bytes] = []
@@ -304,22 +269,11 @@ class Connection(asyncio.Protocol):
             return
         self._run(reply)
 
-    def _check_idle(self) -> None:
-        """Close a connection silent for longer than idle_timeout (never a monitor, as in
-        Redis; never while a command waits or the client is not reading our replies)."""
-        self._idle_handle = None
-        if self._ended or self.session is None:
-            return
-        now = self._loop.time()
-        timeout = self._idle_timeout
-        if self._command is not None or self._write_paused or self.session.monitoring:
-            self._last_activity = now
-        elif now - self._last_activity >= timeout:
-            self._end()
-            return
-        self._idle_handle = self._loop.call_later(
-            timeout - (now - self._last_activity), self._check_idle
-        )
+    def _busy(self) -> bool:
+        """Not idle, however long the client is silent: a command waits, the client does
+        not read our replies, or it is a monitor (as in Redis)."""
+        assert self.session is not None
+        return self._command is not None or self._flow.write_paused or self.session.monitoring
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -349,9 +303,8 @@ class Connection(asyncio.Protocol):
         if self._ended:
             return
         self._ended = True
-        if self._idle_handle is not None:
-            self._idle_handle.cancel()
-            self._idle_handle = None
+        self._flow.stop()
+        self._idle.cancel()
         self._teardown_task = self._loop.create_task(self._teardown())
         self._teardown_task.add_done_callback(self._finished)
 
@@ -375,143 +328,6 @@ class Connection(asyncio.Protocol):
     def _finished(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:
             log.error("connection teardown failed", exc_info=task.exception())
-        if self in self._server.live:
-            self._server.live.discard(self)
-            self._server.ctx.stats.incr(Stats.CONNECTIONS_CURRENT, -1)
+        self._host.forget(self)
         if not self.closed.done():
             self.closed.set_result(None)
-
-
-class Server:
-    """A listening gateway. Create with `start_server`."""
-
-    def __init__(self, ctx: ServerContext) -> None:
-        self.ctx = ctx
-        config = ctx.config
-        self.limits = ParserLimits(
-            max_arguments=config.max_arguments,
-            max_bulk_length=config.max_bulk_length,
-            max_inline_length=config.max_inline_length,
-            max_query_buffer=config.max_query_buffer,
-        )
-        self._listener: asyncio.Server | None = None
-        # Accepted connections not yet torn down (a rejected one is never in here).
-        self.live: set[Connection] = set()
-        self._shutdown_task: asyncio.Task[None] | None = None
-        self.port = 0
-        self.host = config.host
-
-    @property
-    def connections(self) -> int:
-        return len(self.live)
-
-    @property
-    def waiting_commands(self) -> int:
-        """Connections inside a waiting command (BLPOP, DUMP, KEYS) right now."""
-        return sum(1 for connection in self.live if connection.waiting)
-
-    async def start(self) -> None:
-        config = self.ctx.config
-        loop = asyncio.get_running_loop()
-        self._listener = await loop.create_server(
-            lambda: Connection(self), config.host, config.port, reuse_address=True
-        )
-        self.port = self._listener.sockets[0].getsockname()[1]
-        log.info("Listening", host=config.host, port=self.port)
-
-    # --- shutdown (spec §7, with the documented intent) ------------------------------
-
-    async def shutdown(self) -> None:
-        """Run the shutdown sequence once; later calls wait for the same run."""
-        if self._shutdown_task is None:
-            self._shutdown_task = asyncio.get_running_loop().create_task(self._shutdown())
-        await asyncio.shield(self._shutdown_task)
-
-    async def _shutdown(self) -> None:
-        log.info("Shutting down...")
-        bound = self.ctx.config.shutdown_timeout
-        try:
-            async with asyncio.timeout(bound):
-                await self._drain()
-        except TimeoutError:
-            left = [c.session.id for c in self.live if c.session is not None]
-            log.error("shutdown bound reached, abandoning", seconds=bound, connections=left)
-            await self._abandon()
-        finally:
-            self._close_listener()
-
-    async def _drain(self) -> None:
-        # 1-2. No consumer can be created from now on; waiting BLPOPs answer
-        #      `CONS Server shutdown`.
-        self.ctx.begin_shutdown()
-        # 3-4. Close the connections that own a consumer (consumer close commits, and
-        #      their producers flush), and wait for them. New connections are still
-        #      accepted and served meanwhile (BLPOP refused, RPUSHX allowed).
-        consuming = [c for c in self.live if c.session and c.session.consumer is not None]
-        await self._close(consuming)
-        # 5. Stop accepting.
-        self._close_listener()
-        # 6. Close everyone else; their producers flush.
-        await self._close(list(self.live))
-        # 7. Release the engine.
-        await self.ctx.engine.stop()
-        log.info("shutdown complete")
-
-    async def _close(self, connections: list[Connection]) -> None:
-        for connection in connections:
-            connection.close_soon()
-        if connections:
-            await asyncio.wait([c.closed for c in connections])
-
-    async def _abandon(self) -> None:
-        connections = list(self.live)
-        for connection in connections:
-            connection.abandon()
-        if connections:
-            await asyncio.wait([c.closed for c in connections], timeout=ABANDON_GRACE)
-        try:
-            async with asyncio.timeout(ABANDON_GRACE):
-                await self.ctx.engine.stop()
-        except TimeoutError:
-            log.error("engine did not stop in time, abandoned")
-
-    def _close_listener(self) -> None:
-        if self._listener is not None:
-            self._listener.close()
-
-    async def serve_until_signal(self) -> None:
-        """Serve until SIGTERM or SIGINT, then shut down (a second signal is only logged)."""
-        loop = asyncio.get_running_loop()
-        stop = loop.create_future()
-
-        def on_signal(signum: int) -> None:
-            if stop.done():
-                log.info("shutdown already in progress", signal=signal.Signals(signum).name)
-            else:
-                stop.set_result(None)
-
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, on_signal, signum)
-        try:
-            await stop
-            await self.shutdown()
-        finally:
-            for signum in (signal.SIGTERM, signal.SIGINT):
-                loop.remove_signal_handler(signum)
-
-
-async def start_server(config: Config, *, engine: Engine | None = None) -> Server:
-    """Start the engine (the one `config` names, unless given) and listen; the caller
-    owns the Server and calls shutdown()."""
-    stats = engine.stats if engine is not None else Stats()
-    if engine is None:
-        entry = engine_entry(config.engine)
-        engine = entry.create(config.engine_settings, stats, config.engine_options())
-    await engine.start()
-    server = Server(ServerContext(config=config, engine=engine, stats=stats))
-    try:
-        await server.start()
-    except BaseException:
-        await engine.stop()
-        raise
-    return server

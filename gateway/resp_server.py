@@ -1,5 +1,26 @@
-"""The asyncio adapter moved to gateway.connection; this name stays for its importers."""
+"""The former home of the asyncio adapter, kept for gateway/cli.py alone.
 
-from gateway.connection import Server, start_server
+The adapter now lives in gateway.flow, gateway.idle, gateway.connection and
+gateway.server; start-up and signals in gateway.runner. cli.py belongs to another branch
+while issue 13 lands: once it awaits `gateway.runner.serve(config)`, delete this module.
+"""
 
-__all__ = ["Server", "start_server"]
+from __future__ import annotations
+
+from gateway import runner
+from gateway.config import Config
+from gateway.server import Server
+
+
+class _Started:
+    """What cli.py expects of `start_server`'s result."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+
+    async def serve_until_signal(self) -> None:
+        await runner.serve_until_signal(self.server)
+
+
+async def start_server(config: Config) -> _Started:
+    return _Started(await runner.start_server(config))

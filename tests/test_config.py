@@ -238,7 +238,7 @@ def test_cli_serves_then_exits_0_on_sigterm(tmp_path: Path, tansu: TansuBroker) 
 def test_the_gateway_names_the_engine_and_loads_only_that_one() -> None:
     # An engine's libraries (librdkafka here) load only once the configuration chose it.
     probe = (
-        "import sys, gateway.cli, gateway.resp_server, gateway.config as c\n"
+        "import sys, gateway.cli, gateway.runner, gateway.config as c\n"
         "assert 'confluent_kafka' not in sys.modules, 'loaded before any configuration'\n"
         "c.from_dict({})\n"
         "assert 'backends.kafka' in sys.modules\n"
