@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from backends.base import MetadataClientError, MetadataError
+from backends.base import MetadataError
 from gateway import errors
 from gateway.commands.base import Answer, Reply, arg, text
 from gateway.monitor import Monitor
@@ -39,10 +39,8 @@ def keys(session: Session, args: list[bytes]) -> Answer:
 async def _topics(session: Session) -> Reply:
     try:
         names = await session.ctx.engine.topics()
-    except MetadataClientError as error:
-        raise errors.metadata_client_failed(str(error)) from None
     except MetadataError as error:
-        raise errors.metadata_failed(str(error)) from None
+        raise errors.from_engine(error) from None
     return [f"topics:{name}".encode() for name in names]
 
 

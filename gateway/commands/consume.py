@@ -180,7 +180,7 @@ async def _next(session: Session, consumer: Consumer, timeout: float | None) -> 
             raise  # this BLPOP itself was cancelled (client gone): not a shutdown
         raise errors.server_shutdown() from None
     except ConsumeError as error:
-        raise errors.poll_failed(str(error)) from None
+        raise errors.from_engine(error) from None
     finally:
         stop.remove_done_callback(stop_waiting)
     if record is None:
@@ -219,5 +219,5 @@ def rpush(session: Session, args: list[bytes]) -> Reply:
         try:
             consumer.ack(topic, partition, offset)
         except AckError as error:
-            raise errors.ack_refused(str(error)) from None
+            raise errors.from_engine(error) from None
     return len(acks)

@@ -15,7 +15,7 @@ def session_producer(session: Session) -> Producer:
         try:
             session.producer = session.ctx.engine.producer(session.id)
         except ProducerCreationError as error:
-            raise errors.producer_spawn_failed(str(error)) from None
+            raise errors.from_engine(error) from None
     return session.producer
 
 
@@ -54,7 +54,7 @@ def rpushx(session: Session, args: list[bytes]) -> Reply:
             # On a refusal the values before it stay enqueued, as with one call each.
             producer.produce_many(topic, key, args[2:])
     except ProduceError as error:
-        raise errors.produce_refused(str(error)) from None
+        raise errors.from_engine(error) from None
     return count
 
 
