@@ -26,10 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from backends.kafka.settings import KafkaSettings, parse_settings
 from backends.settings import json_decoder
-from e2e.helpers import RafkaProcess, write_config
 from tests.support.kafka import kafka_document
+from tests.support.rafka_process import RafkaProcess, write_config
 from tests.support.tansu import TansuBroker, free_port
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 VALUE = "x" * 100
 

@@ -14,7 +14,7 @@ from rocksdict import AccessType, Options, Rdict
 
 from backends.process import spawn
 from tests.support.tansu import free_port
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 BIN = Path(sys.executable).parent
 

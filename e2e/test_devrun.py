@@ -10,7 +10,7 @@ import sys
 
 import redis
 
-from e2e.helpers import REPO
+from tests.support.rafka_process import REPO
 from tests.support.tansu import free_port
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from e2e.helpers import REPO, RafkaProcess, write_config
+from tests.support.rafka_process import REPO, RafkaProcess, write_config
 from tests.support.tansu import TansuBroker
 
 RUBY_CLIENT = REPO / "clients" / "ruby-example" / "rafka_example.rb"
@@ -143,7 +143,7 @@ def test_sigterm_answers_blocked_consumer_and_exits_zero(
         port=server.port,
         protocol=2,
         # A group of its own: Tansu 0.6.0 wedges a group whose members leave together
-        # (see tests/test_gateway_kafka.py E8), and other tests shut down consumers too.
+        # (see tests/kafka/test_gateway_kafka.py E8), and other tests shut down consumers too.
         client_name=f"shutdown-{uuid.uuid4().hex[:8]}:down",
         socket_timeout=None,
     )

@@ -43,7 +43,7 @@ from backends.settings import REDACTED, JsonNumber, json_decoder
 from tests.support.consuming import WAIT, asyncio_test, consume, new_group, timed
 from tests.support.kafka import kafka_document
 from tests.support.tansu import TansuBroker, free_port
-from tests.waiting import wait_until_async
+from tests.support.waiting import wait_until_async
 
 pytestmark = pytest.mark.kafka
 

@@ -20,7 +20,7 @@ from backends.registry import ENGINES
 from gateway import __version__
 from gateway.config import REDACTED, Config, ConfigError, from_args, from_dict
 from tests.support.tansu import TansuBroker, free_port
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 # The console script installed with the package (pyproject [project.scripts]).
 RAFKA = [str(Path(sys.executable).parent / "rafka")]

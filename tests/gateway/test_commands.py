@@ -16,7 +16,7 @@ from gateway.runner import ServerThread
 from tests.support.fixtures import GatewayConfig
 from tests.support.gateway import Raw, client, running
 from tests.support.tansu import TansuBroker, free_port
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 # Short default so that "non-numeric timeout -> default" is quick to observe.
 DEFAULT_TIMEOUT = 1.0

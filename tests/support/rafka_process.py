@@ -1,4 +1,4 @@
-"""Start real processes for the end-to-end tests: a rafka gateway on a Tansu broker."""
+"""The `rafka` command as a real process on a Tansu broker (end-to-end tests, benchmarks)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from tests.support.kafka import kafka_document
 from tests.support.tansu import free_port
 
 RAFKA = Path(sys.executable).parent / "rafka"
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def port_answers_ping(port: int) -> bool:

@@ -23,7 +23,7 @@ from gateway import __version__
 from gateway.runner import ServerThread
 from tests.support.fixtures import GatewayConfig
 from tests.support.gateway import Raw, client, running
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 
 @pytest.fixture(scope="module", params=["memory", "kafka"])
