@@ -8,7 +8,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PORT ?= 6380
 PYTEST_ARGS ?=
 
-.PHONY: run test venv system-packages lint typecheck pytest bench bench-dafka clean
+.PHONY: run test test-fast venv system-packages lint typecheck pytest bench bench-dafka clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,10 @@ pytest: venv system-packages
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 test: system-packages venv lint typecheck pytest
+
+# Every test that needs no broker (the Kafka ones are skipped): a quick check while working.
+test-fast: venv system-packages
+	$(BIN)/pytest --no-broker -rfE $(PYTEST_ARGS)
 
 bench: venv system-packages
 	$(BIN)/python bench/run.py
