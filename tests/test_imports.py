@@ -119,10 +119,16 @@ def in_package(name: str, package: str) -> bool:
     return name == package or name.startswith(f"{package}.")
 
 
+ADAPTER = ("gateway.connection", "gateway.server", "gateway.runner", "gateway.flow", "gateway.idle")
+
+
 def test_layers() -> None:
-    """Engines know nothing of the gateway; the RESP protocol knows nothing of the rest."""
+    """Engines know nothing of the gateway; the RESP protocol knows nothing of the rest;
+    handlers and sessions know nothing of the asyncio adapter that runs them."""
     graph = import_graph()
     for name, targets in graph.items():
+        if any(in_package(name, inner) for inner in ("gateway.commands", "gateway.session")):
+            assert not any(t in ADAPTER for t in targets), (name, targets)
         if in_package(name, "backends"):
             assert not any(in_package(t, "gateway") for t in targets), (name, targets)
         if in_package(name, "gateway.resp"):

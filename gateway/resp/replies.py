@@ -3,8 +3,8 @@
 ``encode`` turns a reply value into RESP2 or RESP3 bytes (see its docstring);
 ``encode_many`` joins the replies of one read into one buffer for one write;
 ``encode_into`` appends one reply's parts to a list, for a caller that joins them.
-Status and error lines are made here only (never by hand elsewhere), so that every
-one is framed by the same rules.
+Error replies are framed here only (never by hand elsewhere), so that every one follows
+the same rules. (MONITOR's lines are the monitor's own format: gateway/monitor.py.)
 """
 
 from __future__ import annotations
