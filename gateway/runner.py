@@ -17,7 +17,6 @@ import asyncio
 import signal
 import threading
 from collections.abc import Coroutine
-from types import TracebackType
 from typing import Any, TypeVar
 
 import structlog
@@ -130,10 +129,5 @@ class ServerThread:
     def __enter__(self) -> ServerThread:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
