@@ -7,6 +7,7 @@ APT_PACKAGES := redis-server redis-tools ruby ruby-redis
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PORT ?= 6380
 PYTEST_ARGS ?=
+BENCH_ARGS ?=
 
 .PHONY: run test test-fast venv system-packages lint typecheck pytest bench bench-dafka clean
 
@@ -28,8 +29,17 @@ system-packages:
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $(APT_PACKAGES); \
 	fi
 
+ENGINE ?= dafka
+DATA_DIR ?= rafka-data
+
+# The embedded default: the gateway runs its own Dafka tower and store over $(DATA_DIR).
+# `make run ENGINE=kafka`: a local in-memory Kafka-compatible broker (Tansu) instead.
 run: venv
+ifeq ($(ENGINE),kafka)
 	$(BIN)/python -m tests.support.devrun_kafka --port $(PORT)
+else
+	$(BIN)/rafka --engine $(ENGINE) --host 127.0.0.1 --port $(PORT) --data-dir $(DATA_DIR)
+endif
 
 lint: venv
 	$(BIN)/ruff check gateway backends tests e2e bench
@@ -48,8 +58,10 @@ test: system-packages venv lint typecheck pytest
 test-fast: venv system-packages
 	$(BIN)/pytest --no-broker -rfE $(PYTEST_ARGS)
 
+# The gateway on both engines, next to references measured in the same run (about 5 min).
+# `make bench BENCH_ARGS="--engine dafka"`: one engine; `--help` for the rest.
 bench: venv system-packages
-	$(BIN)/python bench/run.py
+	$(BIN)/python bench/run.py $(BENCH_ARGS)
 
 # The Dafka programs (tower, store, perf tools) as processes on loopback: throughput, latency.
 bench-dafka: venv

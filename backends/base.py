@@ -51,6 +51,9 @@ class EngineOptions:
     consume_batch: int = 500
     # How long stop() may wait for records still not durable, seconds.
     stop_flush_timeout: float = 5.0
+    # Where an engine that keeps data on this machine keeps it (the embedded Dafka
+    # network); created if missing.
+    data_dir: str = "rafka-data"
 
 
 # An engine's parsed configuration sections, as its parse_settings() returns them (see
@@ -257,3 +260,7 @@ class Engine(ABC):
     @abstractmethod
     async def topics(self) -> list[str]:
         """Every topic name the engine knows; raises MetadataError (or a subclass) only."""
+
+    def where(self) -> str:
+        """Where the log is, for the start-up line: e.g. the brokers, or a directory."""
+        return ""

@@ -23,6 +23,17 @@ from typing import TYPE_CHECKING, Protocol, cast
 from backends.base import Engine, EngineConfigError, EngineOptions, EngineSettings, Stats
 
 
+@dataclass(frozen=True, slots=True)
+class EngineFlag:
+    """A command-line flag of `rafka` that sets one key of an engine's section."""
+
+    flag: str  # e.g. "--tower-sub"
+    section: str  # the configuration section it writes to, e.g. "dafka"
+    key: str
+    type: type[str] | type[int]
+    help: str
+
+
 class EngineModule(Protocol):
     def parse_settings(self, document: Mapping[str, object]) -> EngineSettings: ...
 
@@ -48,11 +59,36 @@ class EngineEntry:
     def describe(self, settings: EngineSettings) -> dict[str, object]:
         return self.load().describe(settings)
 
+    def sections(self) -> tuple[str, ...]:
+        """The sections of a configuration document that only this engine reads."""
+        return tuple(getattr(self.load(), "SECTIONS", ()))
+
+    def flags(self) -> tuple[EngineFlag, ...]:
+        """The flags the engine adds to `rafka` (a module's optional `FLAGS`)."""
+        return tuple(getattr(self.load(), "FLAGS", ()))
+
 
 ENGINES: dict[str, EngineEntry] = {
-    entry.name: entry for entry in (EngineEntry("kafka", "backends.kafka"),)
+    entry.name: entry
+    for entry in (EngineEntry("dafka", "backends.dafka"), EngineEntry("kafka", "backends.kafka"))
 }
-DEFAULT_ENGINE = "kafka"
+# `rafka` alone, with nothing else installed or running: the embedded Dafka network.
+DEFAULT_ENGINE = "dafka"
+
+
+def engine_for(document: Mapping[str, object]) -> str:
+    """The engine of a document that names none (`gateway.engine`): the one whose
+    sections it has, so that Rafka's own file (`general`, `consumer`, `producer`) keeps
+    meaning Kafka; with none of them, the default."""
+    claimed = [
+        name for name, entry in ENGINES.items() if any(s in document for s in entry.sections())
+    ]
+    if len(claimed) > 1:
+        raise EngineConfigError(
+            f"the configuration has sections of several engines ({', '.join(claimed)}): "
+            'say which one with "gateway": {"engine": ...}'
+        )
+    return claimed[0] if claimed else DEFAULT_ENGINE
 
 
 def engine_entry(name: str) -> EngineEntry:
@@ -64,7 +100,9 @@ def engine_entry(name: str) -> EngineEntry:
 
 
 if TYPE_CHECKING:
+    import backends.dafka
     import backends.kafka
 
     # mypy checks here that each engine's module provides what an entry promises.
     _kafka: EngineModule = backends.kafka
+    _dafka: EngineModule = backends.dafka

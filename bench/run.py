@@ -1,37 +1,95 @@
 """Gateway benchmark: figures next to references measured in the same run.
 
-1. redis-benchmark RPUSHX (50 clients, without and with -P 16) against the rafka gateway
+Dafka engine (embedded: the gateway runs its own dafka-towerd and dafka-stored; the Dafka
+perf tools join that network, so they and the gateway write to the same store):
+1. Produce through the gateway (pipelined RPUSHX, 1000 per pipeline, + DUMP, with redis-py
+   and pre-encoded; RPUSHX with 100 values + DUMP) next to `dafka-perf-store` (publish
+   until a store has acknowledged); redis-py's own ceiling against a redis-server.
+2. Consume stored records through the gateway (BLPOP one record per call; pipelined
+   BLPOPs) next to `dafka-perf-consumer` reading stored records from the start.
+3. Produce-to-BLPOP latency at fixed rates (a producer process sending timestamped RPUSHX,
+   what is due at each instant in one pipeline; this process reading with 1 or N BLPOPs in
+   flight; percentiles after a warm-up) next to `dafka-perf-store --rate --timestamp` with
+   `dafka-perf-consumer --latency`. A consumer that falls behind the rate is flagged: its
+   latency is then the backlog.
+Every record consumed through the gateway is checked: records lost or delivered twice, and
+what the gateway logged above info, are reported.
+
+Kafka engine (on a Tansu broker):
+4. redis-benchmark RPUSHX (50 clients, without and with -P 16) against the rafka gateway
    and against a redis-server: the cost of the RESP front.
-2. Produce and consume through the gateway against a direct confluent-kafka client on the
+5. Produce and consume through the gateway against a direct confluent-kafka client on the
    same Tansu broker: the cost of the gateway on the Kafka path.
 
-Prints figures and ratios; never passes or fails anything. Usage: `make bench`, or
-`.venv/bin/python bench/run.py [--records N]`.
+Every figure is the median of --runs runs (default 3), the reference's too. Prints figures
+and ratios; never passes or fails anything. Usage: `make bench` (`make bench
+BENCH_ARGS="--engine dafka"`), or `.venv/bin/python bench/run.py [--engine dafka|kafka|both]
+[--runs N] [--records N] ...`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
+import re
+import shlex
+import socket
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
+import hiredis
 import redis
 from confluent_kafka import Consumer, Producer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from backends.dafka.config import Config
+from backends.dafka.tools.perf_consumer import percentile
+from backends.dafka.tools.perf_store import STAMP
 from backends.kafka.settings import KafkaSettings, parse_settings
+from backends.process import ProcessError
 from backends.settings import json_decoder
+from tests.support.dafka_programs import Program
 from tests.support.kafka import kafka_document
 from tests.support.rafka_process import RafkaProcess, write_config
 from tests.support.tansu import TansuBroker, free_port
 from tests.support.waiting import wait_until
 
-VALUE = "x" * 100
+SIZE = 100  # bytes per record
+VALUE = "x" * SIZE
+PADDING = b"x" * (SIZE - 8)
+PERCENTILES = (50, 90, 99)
+TOOL_TIMEOUT = 180.0  # seconds a Dafka perf tool may run before it is given up on
+WARM_UP_RECORDS = 8  # per Dafka topic, produced and made durable before any timing
+
+
+def numbered(i: int) -> bytes:
+    """Record `i` of a run: 100 bytes starting with its number, so that a consumer can
+    tell a lost or duplicated record."""
+    return b"%08d" % i + PADDING
+
+
+# --- rows ---------------------------------------------------------------------------------
+
+
+def row(name: str, ours: Sequence[float], reference: Sequence[float], reference_name: str) -> None:
+    """Medians of the runs, and the ratio of the medians."""
+    mine, theirs = statistics.median(ours), statistics.median(reference)
+    print(
+        f"{name:<44} {mine:>12,.0f}/s   {reference_name:<22} {theirs:>12,.0f}/s"
+        f"   ratio {mine / theirs:5.2f}",
+        flush=True,
+    )
+
+
+# --- Kafka engine ---------------------------------------------------------------------------
 
 
 def redis_benchmark(port: int, key: str, requests: int, pipeline: int) -> float:
@@ -94,11 +152,14 @@ def _pings(client: redis.Redis) -> bool:
 
 
 def gateway_produce(port: int, topic: str, records: int, batch: int) -> float:
+    """Records/s of pipelined RPUSHX (`batch` per pipeline) until DUMP answers 0; the
+    records are numbered 0 .. records-1."""
     client = redis.Redis(port=port)
+    target = f"topics:{topic}"
     start = time.perf_counter()
     pipe = client.pipeline(transaction=False)
     for i in range(records):
-        pipe.rpushx(f"topics:{topic}", VALUE)
+        pipe.execute_command("RPUSHX", target, numbered(i))
         if (i + 1) % batch == 0:
             pipe.execute()
     pipe.execute()
@@ -110,10 +171,14 @@ def gateway_produce(port: int, topic: str, records: int, batch: int) -> float:
 
 
 def gateway_produce_multi(port: int, topic: str, records: int, per_command: int) -> float:
+    """Records/s of RPUSHX with `per_command` values each until DUMP answers 0; the
+    records are numbered 0 .. records-1."""
     client = redis.Redis(port=port)
+    target = f"topics:{topic}"
     start = time.perf_counter()
-    for _ in range(records // per_command):
-        client.execute_command("RPUSHX", f"topics:{topic}", *([VALUE] * per_command))
+    for first in range(0, records - records % per_command, per_command):
+        values = [numbered(i) for i in range(first, first + per_command)]
+        client.execute_command("RPUSHX", target, *values)
     left = client.execute_command("DUMP", "60000")
     elapsed = time.perf_counter() - start
     assert left == 0, f"{left} records not delivered"
@@ -191,19 +256,8 @@ def wait_delivered(port: int, timeout: float = 120) -> None:
     client.close()
 
 
-def row(name: str, ours: float, reference: float, reference_name: str) -> None:
-    print(
-        f"{name:<44} {ours:>12,.0f}/s   {reference_name:<22} {reference:>12,.0f}/s"
-        f"   ratio {ours / reference:5.2f}"
-    )
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--records", type=int, default=100_000)
-    parser.add_argument("--consume-records", type=int, default=10_000)
-    args = parser.parse_args()
-
+def kafka_bench(args: argparse.Namespace) -> None:
+    runs = args.runs
     with TansuBroker() as broker, tempfile.TemporaryDirectory() as scratch:
         gateway = RafkaProcess(write_config(Path(scratch) / "librdkafka.json", broker.bootstrap))
         gateway.start()
@@ -225,46 +279,606 @@ def main() -> int:
                 capture_output=True,
             )
             print(
-                f"rafka gateway on :{gateway.port}, redis-server on :{redis_port}, "
-                f"Tansu on {broker.bootstrap}; {args.records} records of 100 bytes\n"
+                f"\n== Kafka engine: rafka gateway on :{gateway.port}, redis-server on "
+                f":{redis_port}, Tansu on {broker.bootstrap}; {args.records:,} records of "
+                f"{SIZE} bytes; medians of {runs} runs\n",
+                flush=True,
             )
+            # Without a pipeline the gateway does a few thousand requests/s: a quarter of
+            # the records keeps the run short and is still 500 requests per client.
             print("RESP front: redis-benchmark RPUSHX, 50 clients")
             for pipeline in (1, 16):
-                ours = redis_benchmark(
-                    gateway.port, f"topics:{bench_topic}", args.records, pipeline
-                )
-                reference = redis_benchmark(redis_port, "topics:bench", args.records, pipeline)
+                requests = args.records if pipeline > 1 else args.records // 4
+                ours, reference = [], []
+                for _ in range(runs):
+                    key = f"topics:{bench_topic}"
+                    ours.append(redis_benchmark(gateway.port, key, requests, pipeline))
+                    reference.append(
+                        redis_benchmark(redis_port, "topics:bench", requests, pipeline)
+                    )
+                    wait_delivered(gateway.port)
                 row(f"  gateway -P {pipeline}", ours, reference, "redis-server")
-                wait_delivered(gateway.port)
 
             print("\nKafka path: records/s, gateway vs direct confluent-kafka")
-            topic_a = broker.create_topic(4)
-            topic_b = broker.create_topic(4)
-            topic_c = broker.create_topic(4)
-            direct = direct_produce(broker.bootstrap, topic_b, args.records)
-            row(
-                "  produce, pipelined RPUSHX (1000/batch)",
-                gateway_produce(gateway.port, topic_a, args.records, 1000),
-                direct,
-                "direct producer",
-            )
-            row(
-                "  produce, RPUSHX with 100 values",
-                gateway_produce_multi(gateway.port, topic_c, args.records, 100),
-                direct,
-                "direct producer",
-            )
-            consume_direct = direct_consume(broker.bootstrap, topic_b, args.consume_records)
+            direct, piped, multi, consumed, consumed_direct = [], [], [], [], []
+            for _ in range(runs):
+                topic_a = broker.create_topic(4)
+                topic_b = broker.create_topic(4)
+                topic_c = broker.create_topic(4)
+                direct.append(direct_produce(broker.bootstrap, topic_b, args.records))
+                piped.append(gateway_produce(gateway.port, topic_a, args.records, 1000))
+                multi.append(gateway_produce_multi(gateway.port, topic_c, args.records, 100))
+                consumed_direct.append(
+                    direct_consume(broker.bootstrap, topic_b, args.consume_records)
+                )
+                consumed.append(gateway_consume(gateway.port, topic_a, args.consume_records))
+            row("  produce, pipelined RPUSHX (1000/batch)", piped, direct, "direct producer")
+            row("  produce, RPUSHX with 100 values", multi, direct, "direct producer")
             row(
                 "  consume, BLPOP one record per call",
-                gateway_consume(gateway.port, topic_a, args.consume_records),
-                consume_direct,
+                consumed,
+                consumed_direct,
                 "direct consumer",
             )
         finally:
             redis_server.terminate()
             redis_server.wait()
             gateway.terminate()
+
+
+# --- Dafka engine ---------------------------------------------------------------------------
+
+
+class Problems:
+    """What the checks of consumed records found: printed as found and after the figures."""
+
+    def __init__(self) -> None:
+        self.found: list[str] = []
+
+    def add(self, text: str) -> None:
+        print(f"  !! {text}", flush=True)
+        self.found.append(text)
+
+
+# A record as BLPOP hands it out: (partition, offset, value).
+Delivered = tuple[int, int, bytes]
+
+
+def delivered(reply: Sequence[object]) -> Delivered:
+    fields = dict(zip(reply[::2], reply[1::2], strict=True))
+    value = fields[b"value"]
+    assert isinstance(value, bytes), reply
+    return as_int(fields[b"partition"]), as_int(fields[b"offset"]), value
+
+
+def as_int(field: object) -> int:
+    """An integer field of a BLPOP reply (an integer in RESP; bytes accepted too)."""
+    if isinstance(field, bytes):
+        return int(field)
+    assert isinstance(field, int), field
+    return field
+
+
+def check_delivered(
+    what: str, got: Sequence[Delivered], produced: int | None, problems: Problems
+) -> None:
+    """No (partition, offset) and no numbered record twice, no gap between the offsets of
+    a partition; with `produced`: every record 0 .. produced-1 came."""
+    positions: dict[int, list[int]] = {}
+    for partition, offset, _ in got:
+        positions.setdefault(partition, []).append(offset)
+    for partition, offsets in sorted(positions.items()):
+        distinct = sorted(set(offsets))
+        if len(distinct) != len(offsets):
+            problems.add(
+                f"{what}: partition {partition}: {len(offsets) - len(distinct)} offsets "
+                "delivered twice"
+            )
+        if distinct[-1] - distinct[0] + 1 != len(distinct):
+            problems.add(
+                f"{what}: partition {partition}: gaps between offsets {distinct[0]} and "
+                f"{distinct[-1]} ({len(distinct)} distinct offsets)"
+            )
+    numbers = [int(value[:8]) for _, _, value in got if value[:8].isdigit()]
+    if len(set(numbers)) != len(numbers):
+        problems.add(f"{what}: {len(numbers) - len(set(numbers))} records delivered twice")
+    if produced is not None:
+        missing = sorted(set(range(produced)) - set(numbers))
+        if missing:
+            problems.add(
+                f"{what}: {len(missing)} of {produced:,} records never delivered "
+                f"(numbers {missing[:5]}...)"
+            )
+
+
+def encode(*args: bytes | str | int) -> bytes:
+    """One command as a client library sends it (RESP multibulk)."""
+    parts = [b"*%d\r\n" % len(args)]
+    for arg in args:
+        raw = arg if isinstance(arg, bytes) else str(arg).encode()
+        parts.append(b"$%d\r\n%s\r\n" % (len(raw), raw))
+    return b"".join(parts)
+
+
+class RawClient:
+    """A connection without a client library: commands encoded in advance, replies parsed
+    by hiredis. What the gateway costs, without what redis-py costs."""
+
+    def __init__(self, port: int, name: str | None = None) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=60)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.reader = hiredis.Reader()
+        if name is not None:
+            self.call("CLIENT", "SETNAME", name)
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def read(self) -> list[Any]:
+        """Every reply that has arrived; waits for at least one."""
+        replies: list[Any] = []
+        while not replies:
+            data = self.sock.recv(1 << 16)
+            if not data:
+                raise ConnectionError("the gateway closed the connection")
+            self.reader.feed(data)
+            while (reply := self.reader.gets()) is not False:
+                replies.append(reply)
+        return replies
+
+    def replies(self, count: int) -> list[Any]:
+        """The next `count` replies (no more may be on their way)."""
+        got: list[Any] = []
+        while len(got) < count:
+            got.extend(self.read())
+        for reply in got:
+            if isinstance(reply, hiredis.ReplyError):
+                raise RuntimeError(f"the gateway answered {reply}")
+        return got
+
+    def call(self, *args: bytes | str | int) -> Any:
+        self.send(encode(*args))
+        return self.replies(1)[0]
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def raw_produce(port: int, topic: str, records: int, batch: int) -> float:
+    """gateway_produce without redis-py: the same commands, encoded before the clock starts."""
+    target = f"topics:{topic}".encode()
+    chunks = [
+        (
+            b"".join(encode(b"RPUSHX", target, numbered(i)) for i in range(first, end)),
+            end - first,
+        )
+        for first in range(0, records, batch)
+        for end in [min(first + batch, records)]
+    ]
+    client = RawClient(port)
+    start = time.perf_counter()
+    for chunk, count in chunks:
+        client.send(chunk)
+        client.replies(count)
+    left = client.call("DUMP", "60000")
+    elapsed = time.perf_counter() - start
+    assert left == 0, f"{left} records not delivered"
+    client.close()
+    return records / elapsed
+
+
+def redis_py_ceiling(port: int, records: int, batch: int) -> float:
+    """Records/s of redis-py's pipelined RPUSHX against redis-server: what the client
+    library itself can send."""
+    client = redis.Redis(port=port)
+    start = time.perf_counter()
+    pipe = client.pipeline(transaction=False)
+    for i in range(records):
+        pipe.execute_command("RPUSHX", "topics:bench", numbered(i))
+        if (i + 1) % batch == 0:
+            pipe.execute()
+    pipe.execute()
+    elapsed = time.perf_counter() - start
+    client.close()
+    return records / elapsed
+
+
+def paced_produce(port: int, topic: str, rate: int, count: int, achieved: Any) -> None:
+    """`count` RPUSHX at `rate` records/s on one connection, each value starting with its
+    send time (time.monotonic_ns(), 8 bytes, as dafka-perf-store --timestamp); what is due
+    at one instant goes in one pipeline (one RPUSHX per round trip tops out below 5,000/s
+    here). Then DUMP. Runs in a process of its own."""
+    client = RawClient(port)
+    target = f"topics:{topic}".encode()
+    padding = bytes(SIZE - STAMP.size)
+    clock, pack = time.monotonic_ns, STAMP.pack
+    started = clock()
+    sent = 0
+    while sent < count:
+        due = min(count, int((clock() - started) * rate / 1e9) + 1)
+        if due <= sent:
+            time.sleep(0.0005)  # pacing: ahead of the rate
+            continue
+        client.send(
+            b"".join(encode(b"RPUSHX", target, pack(clock()) + padding) for _ in range(due - sent))
+        )
+        client.replies(due - sent)
+        sent = due
+    achieved.value = count / ((clock() - started) / 1e9)
+    assert client.call("DUMP", "30000") == 0, "paced records not durable"
+    client.close()
+
+
+class DafkaBench:
+    """An embedded Dafka gateway over a fresh data directory, and the configuration with
+    which the Dafka perf tools join its network (the tower it started)."""
+
+    def __init__(
+        self, workdir: Path, problems: Problems, dafka: dict[str, Any] | None = None
+    ) -> None:
+        self.problems = problems
+        data = workdir / "rafka-data"
+        document = {"gateway": {"engine": "dafka", "data_dir": str(data)}, "dafka": dafka or {}}
+        config = workdir / "rafka.json"
+        config.write_text(json.dumps(document, indent=2))
+        self.gateway = RafkaProcess(config)
+        self.gateway.start()
+        self.port = self.gateway.port
+        # The gateway listens once its tower and store answer; the store's configuration
+        # names the tower. The perf tools announce themselves every 100 ms (found well
+        # within perf-store's one-second start delay).
+        stored = Config.load(data / "store-0" / "stored.cfg")
+        tools = Config()
+        for path in ("beacon/sub_address", "beacon/pub_address"):
+            tools.set(path, stored.get(path))
+        tools.set("beacon/address", "127.0.0.1")
+        tools.set("beacon/interval", 100)
+        self.tower = stored.get("beacon/pub_address")
+        self.live = workdir / "tools.cfg"
+        tools.save(self.live)
+        tools.set("consumer/offset/reset", "earliest")
+        self.from_start = workdir / "tools-earliest.cfg"
+        tools.save(self.from_start)
+
+    def close(self) -> None:
+        """Stop the gateway; print what it logged above info (nothing, in a good run)."""
+        self.gateway.terminate()
+        logged = [
+            line
+            for line in self.gateway.stderr().splitlines()
+            if re.search(
+                r"\[(warning|error|critical)|Traceback|child output.*(error|warn)", line, re.I
+            )
+        ]
+        if logged:
+            print(f"\nThe Dafka gateway logged {len(logged)} warnings or errors:")
+            for line in logged[:10]:
+                print(f"  {line[:300]}")
+
+    # -- the perf tools ---------------------------------------------------------------
+
+    def tool(self, config: Path, name: str, *args: str) -> Program:
+        return Program(name, "-c", str(config), *args)
+
+    @staticmethod
+    def finish(program: Program, timeout: float = TOOL_TIMEOUT) -> list[str]:
+        command = shlex.join(program.args)
+        try:
+            code = program.wait_exit(timeout)
+        except ProcessError:
+            program.stop()
+            raise RuntimeError(f"{command}: still running after {timeout:.0f} s") from None
+        if code != 0:
+            raise RuntimeError(f"{command}: exit {code}: {program.stderr()}")
+        return program.lines
+
+    @staticmethod
+    def msg_per_s(lines: list[str]) -> float:
+        for line in lines:
+            if match := re.fullmatch(r"mean throughput: (\d+) \[msg/s\]", line):
+                return float(match.group(1))
+        raise RuntimeError(f"no throughput line in {lines}")
+
+    def perf_store(self, count: int) -> float:
+        program = self.tool(self.live, "dafka-perf-store", str(count), str(SIZE))
+        return self.msg_per_s(self.finish(program))
+
+    def perf_consumer(self, count: int) -> float:
+        """Records/s of a new dafka-perf-consumer reading, from the start, records the
+        store holds (as BLPOP does in the gateway rows)."""
+        program = self.tool(self.from_start, "dafka-perf-consumer", str(count), str(SIZE))
+        return self.msg_per_s(self.finish(program))
+
+    def perf_latency(self, rate: int, count: int) -> dict[int, float]:
+        """Percentiles (µs) of dafka-perf-consumer --latency next to dafka-perf-store
+        --rate --timestamp (the consumer joins during perf-store's start delay)."""
+        consumer = self.tool(self.live, "dafka-perf-consumer", "--latency", str(count), str(SIZE))
+        try:
+            producer = self.tool(
+                self.live,
+                "dafka-perf-store",
+                *("--rate", str(rate), "--timestamp", str(count), str(SIZE)),
+            )
+            self.finish(producer)
+            lines = self.finish(consumer, 60)
+        finally:
+            consumer.stop()  # nothing to do unless something failed
+        found = {}
+        for line in lines:
+            if match := re.fullmatch(r"latency p([\d.]+): (\d+) \[us\]", line):
+                found[float(match.group(1))] = float(match.group(2))
+        return {pct: found[pct] for pct in PERCENTILES}
+
+    # -- the gateway --------------------------------------------------------------------
+
+    def warm_up(self, topic: str) -> None:
+        """Open the topic's partition writers (keyless records go round-robin) and make
+        the records durable, so that no timed request pays for a writer's start."""
+        client = RawClient(self.port)
+        client.send(encode("RPUSHX", f"topics:{topic}", "warm-up") * WARM_UP_RECORDS)
+        client.replies(WARM_UP_RECORDS)
+        assert client.call("DUMP", "30000") == 0, f"warm-up of {topic} not durable"
+        client.close()
+
+    def consume(
+        self, group: str, topic: str, count: int, depth: int
+    ) -> tuple[float, list[Delivered]]:
+        """Records/s of `count` BLPOPs with redis-py (after the first one, which joins the
+        group), `depth` per pipeline (1: one call at a time), and what they delivered."""
+        client = redis.Redis(port=self.port, client_name=f"{group}:bench", socket_timeout=60)
+        key = f"topics:{topic}"
+        got: list[Delivered] = []
+        first = client.blpop([key], timeout=30)
+        if first is None:
+            self.problems.add(f"{group} on {topic}: the first BLPOP got nothing in 30 s")
+            return 0.0, got
+        got.append(delivered(first))
+        start = time.perf_counter()
+        while len(got) < count:
+            if depth == 1:
+                replies = [client.blpop([key], timeout=10)]
+            else:
+                pipe = client.pipeline(transaction=False)
+                for _ in range(min(depth, count - len(got))):
+                    pipe.blpop([key], timeout=10)
+                replies = pipe.execute()
+            for reply in replies:
+                if reply is None:
+                    self.problems.add(
+                        f"{group} on {topic}: a BLPOP waited 10 s for nothing after "
+                        f"{len(got):,} of {count:,} records"
+                    )
+                    client.close()
+                    return 0.0, got
+                got.append(delivered(reply))
+        elapsed = time.perf_counter() - start
+        client.close()
+        return (len(got) - 1) / elapsed, got
+
+    def latency(
+        self, topic: str, rate: int, warm_up: float, seconds: float, window: int
+    ) -> tuple[dict[int, float], float, float]:
+        """Produce-to-BLPOP percentiles (µs) of the records after `warm_up` seconds, with
+        `window` BLPOPs in flight on one connection (1: one at a time); the rates the
+        producer and the consumer (first record to last) achieved."""
+        count = int(rate * (warm_up + seconds))
+        self.warm_up(topic)
+        client = RawClient(self.port, f"latency-{topic}:bench")
+        blpop = encode("BLPOP", f"topics:{topic}", 10)
+        # Join the group (and take the warm-up records) before the producer starts.
+        client.send(blpop * WARM_UP_RECORDS)
+        client.replies(WARM_UP_RECORDS)
+        context = multiprocessing.get_context("spawn")
+        achieved = context.Value("d", 0.0)
+        producer = context.Process(
+            target=paced_produce, args=(self.port, topic, rate, count, achieved), daemon=True
+        )
+        clock, unpack = time.monotonic_ns, STAMP.unpack_from
+        latencies: list[int] = []
+        got: list[Delivered] = []
+        producer.start()
+        first = last = 0
+        try:
+            client.send(blpop * min(window, count))
+            sent = min(window, count)
+            while len(got) < count:
+                replies = client.read()
+                now = last = clock()
+                first = first or now
+                for reply in replies:
+                    if reply is None or isinstance(reply, hiredis.ReplyError):
+                        raise RuntimeError(f"BLPOP answered {reply!r}")
+                    record = delivered(reply)
+                    got.append(record)
+                    latencies.append(now - unpack(record[2])[0])
+                more = min(len(replies), count - sent)
+                if more > 0:
+                    client.send(blpop * more)
+                    sent += more
+        except (RuntimeError, OSError) as error:
+            self.problems.add(f"latency on {topic}: {error} after {len(got):,} of {count:,}")
+        finally:
+            consumed = (len(got) - 1) / ((last - first) / 1e9) if last > first else 0.0
+            producer.join(60)
+            client.close()
+        if producer.exitcode != 0:
+            self.problems.add(f"latency on {topic}: the producer exited with {producer.exitcode}")
+        stamps = [unpack(value)[0] for _, _, value in got]  # unique: monotonic_ns
+        if len(set(stamps)) != len(stamps):
+            self.problems.add(
+                f"latency on {topic}: {len(stamps) - len(set(stamps))} records delivered twice"
+            )
+        check_delivered(f"latency on {topic}", got, None, self.problems)
+        measured = sorted(latencies[int(rate * warm_up) :]) or [0]
+        figures = {pct: percentile(measured, pct) / 1000 for pct in PERCENTILES}
+        return figures, achieved.value, consumed
+
+
+def dafka_bench(args: argparse.Namespace, problems: Problems) -> None:
+    runs, records = args.runs, args.records
+    with tempfile.TemporaryDirectory(prefix="rafka-bench-") as scratch:
+        bench = DafkaBench(Path(scratch), problems)
+        redis_server, redis_port = start_redis_server()
+        try:
+            print(
+                f"\n== Dafka engine: rafka gateway on :{bench.port}, embedded (its own "
+                f"dafka-towerd, pub {bench.tower}, and one dafka-stored, fsync before ACK); "
+                f"the perf tools join its network; {records:,} records of {SIZE} bytes; "
+                f"medians of {runs} runs\n",
+                flush=True,
+            )
+            perf_store, piped, raw, multi, ceiling = [], [], [], [], []
+            perf_consumer, one, pipelined = [], [], []
+            for run in range(runs):
+                topic_piped, topic_raw, topic_multi = (
+                    f"bench-{kind}-{run}" for kind in ("piped", "raw", "multi")
+                )
+                perf_store.append(bench.perf_store(records))
+                bench.warm_up(topic_piped)
+                piped.append(gateway_produce(bench.port, topic_piped, records, 1000))
+                bench.warm_up(topic_raw)
+                raw.append(raw_produce(bench.port, topic_raw, records, 1000))
+                bench.warm_up(topic_multi)
+                multi.append(gateway_produce_multi(bench.port, topic_multi, records, 100))
+                ceiling.append(redis_py_ceiling(redis_port, records, 1000))
+                perf_consumer.append(bench.perf_consumer(records))
+                rate, got = bench.consume(
+                    f"one{run}", topic_multi, args.consume_records + WARM_UP_RECORDS, 1
+                )
+                one.append(rate)
+                check_delivered(f"BLPOP one per call, {topic_multi}", got, None, problems)
+                # Every record of the topic: each one must come exactly once.
+                rate, got = bench.consume(
+                    f"piped{run}", topic_piped, records + WARM_UP_RECORDS, args.blpop_pipeline
+                )
+                pipelined.append(rate)
+                check_delivered(f"pipelined BLPOP, {topic_piped}", got, records, problems)
+                print(
+                    f"  run {run + 1}: perf-store {perf_store[-1]:,.0f}, RPUSHX piped "
+                    f"{piped[-1]:,.0f} (pre-encoded {raw[-1]:,.0f}), RPUSHX x100 "
+                    f"{multi[-1]:,.0f}; perf-consumer {perf_consumer[-1]:,.0f}, BLPOP "
+                    f"{one[-1]:,.0f}, BLPOP piped {pipelined[-1]:,.0f} records/s",
+                    flush=True,
+                )
+
+            print("\nDafka path: records/s, gateway vs the Dafka perf tools on the same store")
+            perf = "dafka-perf-store"
+            row("  produce, pipelined RPUSHX (1000) + DUMP", piped, perf_store, perf)
+            row("    the same, pre-encoded (no redis-py)", raw, perf_store, perf)
+            row("  produce, RPUSHX with 100 values + DUMP", multi, perf_store, perf)
+            perf = "dafka-perf-consumer"
+            row("  consume, BLPOP one record per call", one, perf_consumer, perf)
+            row(
+                f"  consume, pipelined BLPOP ({args.blpop_pipeline})",
+                pipelined,
+                perf_consumer,
+                perf,
+            )
+            print(
+                f"  (redis-py alone, pipelined RPUSHX to redis-server: "
+                f"{statistics.median(ceiling):,.0f}/s, the ceiling of the redis-py rows)"
+            )
+            print(
+                "\n(latency: dafka-perf-consumer's percentiles are over all its records, "
+                "warm-up included; ratios are gateway/perf tools at p50/p90/p99)"
+            )
+            for rate, windows in args.latency.items():
+                dafka_latency(bench, args, rate, windows)
+        finally:
+            redis_server.terminate()
+            redis_server.wait()
+            bench.close()
+
+
+def dafka_latency(
+    bench: DafkaBench, args: argparse.Namespace, rate: int, windows: list[int]
+) -> None:
+    warm, seconds, runs = args.warm_up, args.seconds, args.runs
+    print(
+        f"\nProduce-to-BLPOP latency at {rate:,} records/s ({seconds:g} s measured after "
+        f"{warm:g} s; the producer pipelines what is due at each instant, one connection), "
+        f"medians of {runs} runs",
+        flush=True,
+    )
+    ours: dict[int, list[tuple[dict[int, float], float]]] = {window: [] for window in windows}
+    reference: list[dict[int, float]] = []
+    for run in range(runs):
+        reference.append(bench.perf_latency(rate, int(rate * (warm + seconds))))
+        notes = []
+        for window in windows:
+            figures, produced, consumed = bench.latency(
+                f"bench-latency-{rate}-{window}-{run}", rate, warm, seconds, window
+            )
+            ours[window].append((figures, consumed))
+            notes.append(
+                f"{window} in flight {latency_text(figures)} ({produced:,.0f}/s produced, "
+                f"{consumed:,.0f}/s consumed)"
+            )
+        print(
+            f"  run {run + 1}: " + "; ".join(notes) + f"; perf tools {latency_text(reference[-1])}",
+            flush=True,
+        )
+    theirs = median_percentiles(reference)
+    for window in windows:
+        mine = median_percentiles([figures for figures, _ in ours[window]])
+        consumed = statistics.median(rate for _, rate in ours[window])
+        label = "one BLPOP at a time" if window == 1 else f"{window} BLPOPs in flight"
+        ratios = "/".join(f"{mine[pct] / max(theirs[pct], 1):.0f}" for pct in PERCENTILES)
+        behind = (
+            f"; FELL BEHIND: consumed {consumed:,.0f}/s, the latency is the backlog"
+            if consumed < 0.95 * rate
+            else ""
+        )
+        print(f"  {'RPUSHX -> ' + label:<40} {latency_text(mine)}   ratio {ratios}{behind}")
+    print(f"  {'dafka-perf-store -> dafka-perf-consumer':<40} {latency_text(theirs)}")
+
+
+def median_percentiles(runs: Sequence[dict[int, float]]) -> dict[int, float]:
+    return {pct: statistics.median(run[pct] for run in runs) for pct in PERCENTILES}
+
+
+def latency_text(figures: dict[int, float]) -> str:
+    return " ".join(f"p{pct} {figures[pct] / 1000:.1f} ms" for pct in PERCENTILES)
+
+
+def latency_runs(text: str) -> dict[int, list[int]]:
+    """`5000:100,1000:1` -> {5000: [100], 1000: [1]}: BLPOPs in flight per rate."""
+    runs: dict[int, list[int]] = {}
+    for item in text.split(","):
+        rate, _, window = item.partition(":")
+        runs.setdefault(int(rate), []).append(int(window or 1))
+    return runs
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--engine", choices=("dafka", "kafka", "both"), default="both")
+    parser.add_argument("--runs", type=int, default=3, help="runs per figure (the median)")
+    parser.add_argument("--records", type=int, default=100_000, help="records per produce run")
+    parser.add_argument(
+        "--consume-records", type=int, default=10_000, help="records per BLPOP-per-call run"
+    )
+    parser.add_argument("--blpop-pipeline", type=int, default=200, help="BLPOPs per pipeline")
+    parser.add_argument(
+        "--latency",
+        type=latency_runs,
+        default=latency_runs("5000:100,1000:1,1000:100"),
+        help="latency runs as RATE:BLPOPS_IN_FLIGHT,... (default 5000:100,1000:1,1000:100)",
+    )
+    parser.add_argument("--warm-up", type=float, default=1.0, help="latency: seconds not measured")
+    parser.add_argument("--seconds", type=float, default=3.0, help="latency: seconds measured")
+    args = parser.parse_args()
+    problems = Problems()
+    if args.engine in ("dafka", "both"):
+        dafka_bench(args, problems)
+    if args.engine in ("kafka", "both"):
+        kafka_bench(args)
+    if problems.found:
+        print(f"\n{len(problems.found)} problems with records consumed through the gateway:")
+        for text in problems.found:
+            print(f"  {text}")
+    elif args.engine != "kafka":
+        print("\nEvery record consumed through the gateway on Dafka came once, without a gap.")
     return 0
 
 

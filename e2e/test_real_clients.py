@@ -1,4 +1,5 @@
-"""The `rafka` command on a real Tansu broker, driven by redis-cli and by Ruby's redis-rb."""
+"""The `rafka` command on each engine (embedded Dafka; Kafka on a real Tansu broker),
+driven by redis-cli and by Ruby's redis-rb."""
 
 from __future__ import annotations
 
@@ -13,15 +14,25 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.support.rafka_process import REPO, RafkaProcess, write_config
-from tests.support.tansu import TansuBroker
+from e2e.helpers import DafkaDeployment, Deployment, KafkaDeployment
+from tests.support.engines import GATEWAY_ENGINES
+from tests.support.rafka_process import REPO, RafkaProcess
 
 RUBY_CLIENT = REPO / "clients" / "ruby-example" / "rafka_example.rb"
 
 
+@pytest.fixture(scope="module", params=GATEWAY_ENGINES)
+def deployment(request: pytest.FixtureRequest) -> Deployment:
+    if request.param == "kafka":
+        return KafkaDeployment(request.getfixturevalue("tansu"))
+    return DafkaDeployment()
+
+
 @pytest.fixture(scope="module")
-def rafka(tansu: TansuBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RafkaProcess]:
-    config = write_config(tmp_path_factory.mktemp("rafka") / "librdkafka.json", tansu.bootstrap)
+def rafka(
+    deployment: Deployment, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RafkaProcess]:
+    config = deployment.write_config(tmp_path_factory.mktemp("rafka") / "rafka.json")
     server = RafkaProcess(config)
     server.start()
     yield server
@@ -49,8 +60,8 @@ def ruby(*args: str) -> list[str]:
     return result.stdout.splitlines()
 
 
-def test_redis_cli_produces_consumes_and_acks(rafka: RafkaProcess, tansu: TansuBroker) -> None:
-    topic = tansu.create_topic(1)
+def test_redis_cli_produces_consumes_and_acks(rafka: RafkaProcess, deployment: Deployment) -> None:
+    topic = deployment.new_topic(1)
     assert redis_cli(rafka.port, "RPUSHX", f"topics:{topic}", "hello from redis-cli") == "1\n"
     assert redis_cli(rafka.port, "DUMP", "5000") == "0\n"
 
@@ -95,9 +106,9 @@ def test_redis_cli_resp3_reads_stats_as_a_map(rafka: RafkaProcess) -> None:
 
 
 def test_redis_rb_produces_and_consumes_every_record(
-    rafka: RafkaProcess, tansu: TansuBroker
+    rafka: RafkaProcess, deployment: Deployment
 ) -> None:
-    topic = tansu.create_topic(4)
+    topic = deployment.new_topic(4)
     assert ruby("produce", str(rafka.port), topic, "40") == ['{"flushed":0}']
 
     records = [json.loads(line) for line in ruby("consume", str(rafka.port), topic, "rb", "40")]
@@ -116,9 +127,9 @@ def test_redis_rb_produces_and_consumes_every_record(
 
 
 def test_redis_rb_keyed_records_share_one_partition(
-    rafka: RafkaProcess, tansu: TansuBroker
+    rafka: RafkaProcess, deployment: Deployment
 ) -> None:
-    topic = tansu.create_topic(4)
+    topic = deployment.new_topic(4)
     assert ruby("produce", str(rafka.port), topic, "30", "foo") == ['{"flushed":0}']
     records = [json.loads(line) for line in ruby("consume", str(rafka.port), topic, "kg", "30")]
     assert len(records) == 30
@@ -132,10 +143,10 @@ def test_redis_rb_reads_stats(rafka: RafkaProcess) -> None:
 
 
 def test_sigterm_answers_blocked_consumer_and_exits_zero(
-    tansu: TansuBroker, tmp_path: Path
+    deployment: Deployment, tmp_path: Path
 ) -> None:
-    topic = tansu.create_topic(1)
-    server = RafkaProcess(write_config(tmp_path / "librdkafka.json", tansu.bootstrap))
+    topic = deployment.new_topic(1)
+    server = RafkaProcess(deployment.write_config(tmp_path / "rafka.json"))
     server.start()
     producer = redis.Redis(port=server.port, protocol=2)
     # redis-py 8 gives up reading after 5 s by default: a blocking BLPOP needs no limit.

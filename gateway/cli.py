@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import structlog
 
+from backends.base import EngineError
 from gateway import __version__, logs
 from gateway.config import Config, ConfigError, from_args
 from gateway.resp_server import start_server
@@ -17,6 +18,13 @@ log = structlog.get_logger("rafka")
 
 async def serve(config: Config) -> None:
     server = await start_server(config)
+    # One plain line for the person who started it (the log lines are for machines).
+    where = server.ctx.engine.where()
+    print(
+        f"rafka {__version__} listening on {server.host}:{server.port}, {config.engine} "
+        f"engine" + (f": {where}" if where else "") + "; SIGTERM or Ctrl-C stops it",
+        flush=True,
+    )
     await server.serve_until_signal()
 
 
@@ -33,6 +41,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     log.info("starting", version=__version__, config=config.redacted())
     try:
         asyncio.run(serve(config))
+    except EngineError as error:  # e.g. a locked data directory, no tower answering
+        log.error("cannot start the engine", engine=config.engine, error=str(error))
+        print(f"rafka: cannot start the {config.engine} engine: {error}", file=sys.stderr)
+        return 1
     except OSError as error:  # e.g. the port is taken
         log.error("cannot listen", host=config.host, port=config.port, error=str(error))
         return 1

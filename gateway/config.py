@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from backends.base import EngineConfigError, EngineOptions, EngineSettings
-from backends.registry import DEFAULT_ENGINE, ENGINES, engine_entry
+from backends.registry import DEFAULT_ENGINE, ENGINES, engine_entry, engine_for
 from backends.settings import REDACTED, JsonNumber, json_decoder
 from gateway import __version__
 
@@ -69,6 +69,8 @@ class Config:
     monitor_queue_size: int = 1000
     log_format: str = "console"
     log_level: str = "info"
+    # Where an engine that keeps data on this machine keeps it (Dafka, embedded).
+    data_dir: str = "rafka-data"
     # What the engine's parse_settings() made of its sections of the document; None
     # means those of an empty document.
     engine_settings: EngineSettings = None
@@ -84,7 +86,9 @@ class Config:
     def engine_options(self) -> EngineOptions:
         """The settings of the `gateway` section that the engine needs too."""
         return EngineOptions(
-            metadata_timeout=self.metadata_timeout, consume_batch=self.consume_batch
+            metadata_timeout=self.metadata_timeout,
+            consume_batch=self.consume_batch,
+            data_dir=self.data_dir,
         )
 
     def redacted(self) -> dict[str, Any]:
@@ -170,6 +174,7 @@ _GATEWAY_KEYS: dict[str, Any] = {
     "consume_batch": lambda v: _as_int("consume_batch", v, 1, 1_000_000),
     "log_format": lambda v: _as_choice("log_format", v, LOG_FORMATS),
     "log_level": lambda v: _as_choice("log_level", v, LOG_LEVELS),
+    "data_dir": lambda v: _as_text("data_dir", v),
 }
 
 
@@ -184,31 +189,49 @@ def _gateway_settings(section: Mapping[str, object]) -> dict[str, Any]:
     return settings
 
 
-def parse_document(text: str, source: str) -> dict[str, Any]:
-    """Check a configuration document; return Config keyword arguments."""
+def decode_document(text: str, source: str) -> dict[str, Any]:
     try:
         document = json_decoder().decode(text)
     except json.JSONDecodeError as error:
         raise ConfigError(f"{source}: invalid JSON: {error}") from None
     if not isinstance(document, dict):
         raise ConfigError(f"{source}: the configuration must be a JSON object")
+    return document
+
+
+def parse_document(text: str, source: str) -> dict[str, Any]:
+    """Check a configuration document; return Config keyword arguments."""
+    return check_document(decode_document(text, source))
+
+
+def check_document(document: Mapping[str, Any]) -> dict[str, Any]:
     gateway = document.get("gateway")
     if gateway is not None and not isinstance(gateway, dict):
         raise ConfigError("section 'gateway' must be a JSON object")
     settings = _gateway_settings(gateway or {})
-    engine = settings.get("engine", DEFAULT_ENGINE)
+    if "engine" not in settings:
+        try:
+            settings["engine"] = engine_for(document)
+        except EngineConfigError as error:
+            raise ConfigError(str(error)) from None
+    engine = settings["engine"]
     settings["engine_settings"] = _engine_settings(engine, document)
     return settings
 
 
-def load_file(path: str) -> dict[str, Any]:
+def read_file(path: str) -> dict[str, Any]:
+    """The decoded document of a configuration file."""
     if not path:
         raise ConfigError("No librdkafka configuration provided")
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
         raise ConfigError(f"cannot read configuration file {path}: {error}") from None
-    settings = parse_document(text, path)
+    return decode_document(text, path)
+
+
+def load_file(path: str) -> dict[str, Any]:
+    settings = check_document(read_file(path))
     settings["config_path"] = path
     return settings
 
@@ -221,33 +244,63 @@ class _Parser(argparse.ArgumentParser):
         raise ConfigError(message)
 
 
+DEFAULT_CONFIG = "librdkafka.json"
+
+
 def argument_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="rafka", description="Kafka with a Redis API")
     parser.add_argument(
         "-c",
         "--config",
-        default="librdkafka.json",
-        help="path to the JSON configuration file (default: librdkafka.json)",
+        help=f"path to the JSON configuration file (default: {DEFAULT_CONFIG} if it "
+        "exists, else every default: the embedded Dafka engine)",
     )
     parser.add_argument("--host", help="listen address (default: 0.0.0.0)")
     parser.add_argument("-p", "--port", type=int, help="listen port (default: 6380)")
+    parser.add_argument("--engine", choices=sorted(ENGINES), help="the log engine")
+    parser.add_argument("--data-dir", help="where the embedded engine keeps its data")
     parser.add_argument("-v", "--version", action="version", version=f"rafka version {__version__}")
     parser.add_argument("--log-json", action="store_true", help="log JSON lines")
+    for entry in ENGINES.values():
+        for flag in entry.flags():
+            parser.add_argument(flag.flag, type=flag.type, help=flag.help, metavar="VALUE")
     return parser
 
 
+def _flag_name(flag: str) -> str:
+    return flag.lstrip("-").replace("-", "_")
+
+
 def from_args(argv: Sequence[str]) -> Config:
-    """The Config for a command line; raises ConfigError (or SystemExit for -h/-v)."""
+    """The Config for a command line; raises ConfigError (or SystemExit for -h/-v).
+
+    Flags win over the file: they are written into the document before it is checked.
+    """
     args = argument_parser().parse_args(list(argv))
-    settings = load_file(args.config)
-    if args.host is not None:
-        settings["host"] = args.host
-    if args.port is not None:
-        if not 0 <= args.port <= 65535:
-            raise ConfigError(f"--port must be between 0 and 65535, got {args.port}")
-        settings["port"] = args.port
+    path = args.config
+    if path is None and Path(DEFAULT_CONFIG).exists():
+        path = DEFAULT_CONFIG
+    document: dict[str, Any] = read_file(path) if path is not None else {}
+    gateway = document.setdefault("gateway", {})
+    if not isinstance(gateway, dict):
+        raise ConfigError("section 'gateway' must be a JSON object")
+    if args.port is not None and not 0 <= args.port <= 65535:
+        raise ConfigError(f"--port must be between 0 and 65535, got {args.port}")
+    for key in ("host", "port", "engine", "data_dir"):
+        if getattr(args, key) is not None:
+            gateway[key] = getattr(args, key)
     if args.log_json:
-        settings["log_format"] = "json"
+        gateway["log_format"] = "json"
+    for entry in ENGINES.values():
+        for flag in entry.flags():
+            value = getattr(args, _flag_name(flag.flag))
+            if value is not None:
+                section = document.setdefault(flag.section, {})
+                if not isinstance(section, dict):
+                    raise ConfigError(f"section '{flag.section}' must be a JSON object")
+                section[flag.key] = value
+    settings = check_document(document)
+    settings["config_path"] = path
     return Config(**settings)
 
 

@@ -2,7 +2,8 @@
 
 The adapter now lives in gateway.flow, gateway.idle, gateway.connection and
 gateway.server; start-up and signals in gateway.runner. cli.py belongs to another branch
-while issue 13 lands: once it awaits `gateway.runner.serve(config)`, delete this module.
+while issue 13 lands: once it calls `gateway.runner.start_server(config)` and
+`gateway.runner.serve_until_signal(server)`, delete this module.
 """
 
 from __future__ import annotations
@@ -13,10 +14,13 @@ from gateway.server import Server
 
 
 class _Started:
-    """What cli.py expects of `start_server`'s result."""
+    """The started Server, with what cli.py reads of it and the method it calls."""
 
     def __init__(self, server: Server) -> None:
         self.server = server
+        self.ctx = server.ctx
+        self.host = server.host
+        self.port = server.port
 
     async def serve_until_signal(self) -> None:
         await runner.serve_until_signal(self.server)

@@ -1,9 +1,9 @@
 """Running a gateway: start-up, serving until a signal (the CLI), or in a thread.
 
 `start_server` makes and starts the engine the configuration names, then listens;
-`serve` is the `rafka` command's life: start, serve until SIGTERM or SIGINT, shut down.
-`ServerThread` runs a gateway on an event loop of its own in a background thread (tests,
-benchmarks):
+`serve_until_signal` is the `rafka` command's life after that: serve until SIGTERM or
+SIGINT, then shut down. `ServerThread` runs a gateway on an event loop of its own in a
+background thread (tests, benchmarks):
 
     with ServerThread(config) as server:
         redis.Redis(port=server.port).ping()
@@ -68,11 +68,6 @@ async def serve_until_signal(server: Server) -> None:
     finally:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
-
-
-async def serve(config: Config) -> None:
-    """The `rafka` command: start, serve until a signal, shut down."""
-    await serve_until_signal(await start_server(config))
 
 
 class ServerThread:

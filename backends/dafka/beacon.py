@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import structlog
 import zmq
 
-from backends.dafka import proto
+from backends.dafka import proto, security
 from backends.dafka.config import Config
 
 log = structlog.get_logger(__name__)
@@ -86,12 +86,17 @@ def attach(sock: zmq.Socket, spec: str, setting: str) -> list[str]:
     return [endpoint for _, endpoint in endpoints]
 
 
-def bind_data_socket(sock: zmq.Socket, config: Config) -> int:
+def bind_data_socket(sock: zmq.Socket, config: Config, *subscribers: zmq.Socket) -> int:
     """Bind a node's data socket to an ephemeral port and return it (C: `tcp://*:*`).
 
     When `beacon/address` is an IP literal the socket binds only that address, so a node
-    advertised as 127.0.0.1 is not reachable from other interfaces either.
+    advertised as 127.0.0.1 is not reachable from other interfaces either. With CURVE on,
+    the socket serves with the network's key and the node's `subscribers` (the SUBs it
+    connects to its peers) authenticate with its own (`security.py`).
     """
+    security.serve(sock, config)
+    for subscriber in subscribers:
+        security.join(subscriber, config)
     host = config.get("beacon/address").strip("[]")
     try:
         ip = ipaddress.ip_address(host)
@@ -123,6 +128,8 @@ class Beacon:
         self.socket.setsockopt(zmq.SUBSCRIBE, b"W")
         self.socket.setsockopt(zmq.SUBSCRIBE, b"B")
         try:
+            security.join(self.socket, config)
+            security.join(self._pub, config)
             # Naming trap (spec §2.1): our SUB listens to the tower's XPUB = pub_address.
             self.endpoints = attach(
                 self.socket, config.get("beacon/pub_address"), "beacon/pub_address"

@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 DEFAULTS: dict[str, str] = {
     "producer/verbose": "0",
@@ -158,19 +159,25 @@ class Config:
         return cls.from_zpl(text, str(file))
 
     def to_zpl(self) -> str:
-        lines: list[str] = []
-        written: set[str] = set()
+        """The ZPL text; paths are grouped under their parents, whatever the order they
+        were set in (a child written after another section would land under that one)."""
+        tree: dict[str, Any] = {}
         for path in self._values:
-            parts = path.split("/")
-            for depth in range(len(parts)):
-                node = "/".join(parts[: depth + 1])
-                if node in written:
-                    continue
-                written.add(node)
-                text = " " * (_INDENT * depth) + parts[depth]
-                if node in self._values:
-                    text += " = " + _quote(self._values[node], node)
+            node = tree
+            for part in path.split("/"):
+                node = node.setdefault(part, {})
+        lines: list[str] = []
+
+        def emit(node: dict[str, Any], prefix: str, depth: int) -> None:
+            for name, children in node.items():
+                path = f"{prefix}/{name}" if prefix else name
+                text = " " * (_INDENT * depth) + name
+                if path in self._values:
+                    text += " = " + _quote(self._values[path], path)
                 lines.append(text)
+                emit(children, path, depth + 1)
+
+        emit(tree, "", 0)
         return "".join(line + "\n" for line in lines)
 
     def save(self, path: str | Path) -> None:

@@ -233,7 +233,7 @@ class Consumer:
             sub.rcvhwm = self._hwm
             xpub.sndhwm = self._hwm
             xpub.setsockopt(zmq.XPUB_VERBOSE, 1)
-            self.port = bind_data_socket(xpub, self._config)
+            self.port = bind_data_socket(xpub, self._config, sub)
             for msg_id in (proto.DIRECT_RECORD, proto.DIRECT_HEAD, proto.STORE_HELLO):
                 sub.setsockopt(zmq.SUBSCRIBE, proto.subscription(msg_id, self.address))
             beacon = Beacon(self._config, self.address, ctx)

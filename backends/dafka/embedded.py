@@ -349,15 +349,13 @@ class EmbeddedNetwork:
         if name == TOWER:
             # First start: port 0 (the kernel picks); a restart binds the same ports again.
             sub, pub = self._tower_ports or ("*", "*")
-            return [
-                sys.executable,
-                "-m",
-                "backends.dafka.tools.towerd",
-                "--sub",
-                f"tcp://{HOST}:{sub}",
-                "--pub",
-                f"tcp://{HOST}:{pub}",
-            ]
+            argv = [sys.executable, "-m", "backends.dafka.tools.towerd"]
+            secured = Config({k: v for k, v in self._settings.items() if k.startswith("curve/")})
+            if secured.items():  # CURVE (security.py): the tower serves with the same keys
+                path = self._data_dir / "towerd.cfg"
+                secured.save(path)
+                argv += ["-c", str(path)]
+            return [*argv, "--sub", f"tcp://{HOST}:{sub}", "--pub", f"tcp://{HOST}:{pub}"]
         index = int(name.rsplit("-", 1)[1])
         config = self._data_dir / f"store-{index}" / "stored.cfg"
         return [sys.executable, "-m", "backends.dafka.tools.stored", "-c", str(config)]

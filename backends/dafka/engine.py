@@ -23,7 +23,10 @@ from backends.base import (
     ConsumerCreationError,
     Engine,
     EngineError,
+    EngineOptions,
     MetadataError,
+    ProduceError,
+    ProducerCreationError,
     Stats,
 )
 from backends.dafka.config import Config as DafkaConfig
@@ -32,7 +35,14 @@ from backends.dafka.groups import Group, Member
 from backends.dafka.observer import NotSettled, Observer
 from backends.dafka.offsets import OFFSETS_TOPIC, CommitLog
 from backends.dafka.partitions import PartitionMap, make_partitioner
-from backends.dafka.producing import ASK_INTERVAL, PartitionWriter, ProducerHandle
+from backends.dafka.producer import check_topic
+from backends.dafka.producing import (
+    ASK_INTERVAL,
+    INTERNAL_PREFIX,
+    INVALID_TOPIC,
+    PartitionWriter,
+    ProducerHandle,
+)
 from backends.dafka.reader import Event, Reader
 from backends.dafka.settings import RESETS, DafkaSettings
 
@@ -51,6 +61,9 @@ class Network:
     config: DafkaConfig
     stores: int
 
+    def where(self) -> str:
+        return ""
+
     async def start(self) -> None: ...
 
     async def stop(self) -> None: ...
@@ -66,20 +79,27 @@ class JoinedNetwork(Network):
         self.config = DafkaConfig({**values, **settings.settings})
         self.stores = settings.min_stores
 
+    def where(self) -> str:
+        sub, pub = self.config.get("beacon/sub_address"), self.config.get("beacon/pub_address")
+        return f"Dafka network of the towers {sub} / {pub}"
+
 
 class EmbeddedMode(Network):
     """A tower and `dafka.stores` stores as child processes over `dafka.data_dir`."""
 
-    def __init__(self, settings: DafkaSettings, stop_timeout: float) -> None:
+    def __init__(self, settings: DafkaSettings, data_dir: str, stop_timeout: float) -> None:
         store_settings = {OFFSETS_RETENTION: str(OFFSETS_RETENTION_MS)}
         actor_settings: dict[str, str] = {}
         for path, value in settings.settings.items():
+            if path.startswith("curve/"):  # every node of the network, tower included
+                store_settings[path] = actor_settings[path] = value
+                continue
             target = store_settings if path.startswith("store/") else actor_settings
             target[path] = value
         self._actor_settings = actor_settings
         self._stop_timeout = stop_timeout
         self._network = EmbeddedNetwork(
-            settings.data_dir,
+            data_dir,
             stores=settings.stores,
             store_settings=store_settings,
             ready_timeout=settings.start_timeout,
@@ -102,11 +122,15 @@ class EmbeddedMode(Network):
     async def stop(self) -> None:
         await self._network.stop_async(self._stop_timeout)
 
+    def where(self) -> str:
+        count = f"{self.stores} store" + ("s" if self.stores > 1 else "")
+        return f"embedded Dafka network ({count}), data directory {self._network.data_dir}"
 
-def network_for(settings: DafkaSettings, stop_timeout: float = 10.0) -> Network:
+
+def network_for(settings: DafkaSettings, data_dir: str, stop_timeout: float = 10.0) -> Network:
     if settings.joined:
         return JoinedNetwork(settings)
-    return EmbeddedMode(settings, stop_timeout)
+    return EmbeddedMode(settings, data_dir, stop_timeout)
 
 
 class DafkaEngine(Engine):
@@ -114,16 +138,17 @@ class DafkaEngine(Engine):
         self,
         stats: Stats,
         settings: DafkaSettings,
+        options: EngineOptions | None = None,
         *,
-        consume_batch: int = 500,
-        stop_flush_timeout: float = 5.0,
         network: Network | None = None,
     ) -> None:
         super().__init__(stats)
+        options = options or EngineOptions()
         self.settings = settings
-        self.consume_batch = consume_batch
-        self._stop_flush_timeout = stop_flush_timeout
-        self._network = network if network is not None else network_for(settings)
+        self.consume_batch = options.consume_batch
+        self._stop_flush_timeout = options.stop_flush_timeout
+        self._metadata_timeout = options.metadata_timeout
+        self._network = network or network_for(settings, options.data_dir)
         self.partition_map = PartitionMap()
         self._partitioner = make_partitioner(settings.partitioner)
         self.offsets = CommitLog()
@@ -132,6 +157,7 @@ class DafkaEngine(Engine):
         self._observer: Observer | None = None
         self._writers: dict[tuple[str, int], PartitionWriter] = {}
         self._by_address: dict[tuple[str, str], PartitionWriter] = {}
+        self._writable: set[str] = set()  # topics checked for produce
         self._groups: dict[str, Group] = {}
         self._reader: Reader | None = None
         self._readers_of: dict[str, set[Group]] = {}  # topic -> groups reading it
@@ -242,9 +268,21 @@ class DafkaEngine(Engine):
     # --- producing -----------------------------------------------------------------------
 
     def producer(self, session_id: str) -> ProducerHandle:
+        if self.stopped or not self._started:
+            raise ProducerCreationError(STOPPED)
         return ProducerHandle(self, session_id)
 
     def writer_for(self, topic: str, key: bytes | None) -> PartitionWriter:
+        """The writer of the partition a record of `topic` with `key` goes to; raises
+        ProduceError for a topic that cannot be written (checked once per topic)."""
+        if topic not in self._writable:
+            try:
+                check_topic(topic)
+            except ValueError:
+                raise ProduceError(INVALID_TOPIC) from None
+            if topic.startswith(INTERNAL_PREFIX):
+                raise ProduceError(INVALID_TOPIC)  # commits must not be forged
+            self._writable.add(topic)
         count = self.settings.partition_count(topic)
         number = self.settings.node * count + self._partitioner(key, count)
         return self.writer(topic, number)
@@ -301,6 +339,15 @@ class DafkaEngine(Engine):
         return member
 
     def _reset(self, settings: Mapping[str, object]) -> str:
+        """`auto.offset.reset` of a client's settings. Dafka has no use for librdkafka's
+        other properties: they are accepted (a Rafka client may send them) and logged,
+        but only values: nested objects, lists and null are refused, as on Kafka."""
+        for key, value in settings.items():
+            if not isinstance(value, str | bool):
+                raise ConsumerCreationError(f"{key}: must be a string, a number or a boolean")
+        ignored = sorted(k for k in settings if k != "auto.offset.reset")
+        if ignored:
+            log.info("consumer settings without effect on the Dafka engine", settings=ignored)
         raw = settings.get("auto.offset.reset", self.settings.auto_offset_reset)
         reset = RESETS.get(str(raw))
         if reset is None:
@@ -410,6 +457,9 @@ class DafkaEngine(Engine):
                 await self._write_commits(entries)
             await asyncio.sleep(interval)
 
+    def where(self) -> str:
+        return self._network.where()
+
     # --- metadata --------------------------------------------------------------------------
 
     async def topics(self) -> list[str]:
@@ -419,7 +469,7 @@ class DafkaEngine(Engine):
             raise MetadataError(STOPPED)
         try:
             await asyncio.to_thread(
-                self.observer.refresh, self._network.stores, self.settings.start_timeout
+                self.observer.refresh, self._network.stores, self._metadata_timeout
             )
         except NotSettled as error:
             raise MetadataError(str(error)) from None

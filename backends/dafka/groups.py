@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from backends.base import AckError, ConsumeError, Consumer, Record, Stats
+from backends.base import AckError, Consumer, Record, Stats
+from backends.dafka.envelope import unwrap
 from backends.dafka.reader import Reader
 
 if TYPE_CHECKING:
@@ -220,7 +221,8 @@ class Group:
                 return
             # The stores' oldest record: retention took the ones before.
             part.position = part.acked = seq
-        part.buffer.append(Record(topic, part.number, seq, None, content, None))
+        key, value = unwrap(content)
+        part.buffer.append(Record(topic, part.number, seq, key, value, None))
         part.expected = seq + 1
         if part.owner is not None:
             part.owner.wake()
@@ -290,7 +292,7 @@ class Member(Consumer):
 
     async def next(self, timeout: float | None) -> Record | None:
         if self._closed:
-            raise ConsumeError(CLOSED)
+            return None
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         while True:
@@ -310,7 +312,7 @@ class Member(Consumer):
             finally:
                 self._waiter = None
             if self._closed:
-                raise ConsumeError(CLOSED)
+                return None
 
     def ack(self, topic: str, partition: int, offset: int) -> None:
         if self._closed:

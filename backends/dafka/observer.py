@@ -185,7 +185,7 @@ class Observer:
         try:
             pipe.connect(self._pipe_endpoint)
             xpub.setsockopt(zmq.XPUB_VERBOSE, 1)
-            port = bind_data_socket(xpub, self._config)
+            port = bind_data_socket(xpub, self._config, sub)
             sub.setsockopt(zmq.SUBSCRIBE, proto.subscription(proto.HEAD))
             for msg_id in (proto.DIRECT_HEAD, proto.STORE_HELLO):
                 sub.setsockopt(zmq.SUBSCRIBE, proto.subscription(msg_id, self.address))

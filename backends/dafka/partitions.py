@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import math
+import time
 import zlib
 from collections.abc import Callable
 
@@ -120,20 +122,33 @@ def murmur2(data: bytes) -> int:
 Partitioner = Callable[[bytes | None, int], int]
 
 
-def make_partitioner(name: str) -> Partitioner:
+STICKY_SECONDS = 0.01  # librdkafka's sticky.partitioning.linger.ms default, 10 ms
+
+
+def make_partitioner(
+    name: str, clock: Callable[[], float] = time.monotonic, sticky: float = STICKY_SECONDS
+) -> Partitioner:
     """A function (key, partition count) -> partition number, as librdkafka's `name`.
 
-    Keyless records go round-robin (librdkafka picks at random; round-robin spreads as
-    evenly and is reproducible).
+    Keyless records are sticky, as librdkafka's (and Kafka's) since 2.x: they all go to
+    one partition for `sticky` seconds, then to the next one, round-robin. A burst of
+    records then wakes one partition writer, not all of them in turn.
     """
     if name not in PARTITIONERS:
         raise ValueError(f"unknown partitioner {name!r} (known: {', '.join(PARTITIONERS)})")
     spread = itertools.count()
     use_murmur = name.startswith("murmur2")
+    current = 0
+    until = -math.inf
 
     def partition(key: bytes | None, count: int) -> int:
+        nonlocal current, until
         if key is None:
-            return next(spread) % count
+            now = clock()
+            if now >= until:
+                current = next(spread)
+                until = now + sticky
+            return current % count
         if use_murmur:
             return (murmur2(key) & 0x7FFFFFFF) % count
         return zlib.crc32(key) % count

@@ -32,7 +32,7 @@ import struct
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import structlog
 import zmq
@@ -149,6 +149,20 @@ class Producer:
                 self._signal(_WAKE)
         return sequence
 
+    def publish_many(self, contents: Sequence[bytes]) -> int:
+        """Queue `contents` in order with one hand-over to the actor (one lock, at most
+        one wake-up); returns the first one's sequence."""
+        with self._lock:
+            if self._closed or self._failed:
+                raise RuntimeError("Dafka producer is closed")
+            self._queue.extend(contents)
+            first = self.first_sequence + self._submitted
+            self._submitted += len(contents)
+            if not self._wake_pending:
+                self._wake_pending = True
+                self._signal(_WAKE)
+        return first
+
     def _signal(self, command: bytes) -> None:
         """Send a command to the actor (caller holds `_lock`). Never blocks: a dead actor
         (no peer on the pipe) must not hang publish() or close()."""
@@ -208,7 +222,7 @@ class Producer:
             pipe.connect(self._pipe_endpoint)
             pub.sndhwm = self._hwm
             sub.rcvhwm = self._hwm
-            self.port = bind_data_socket(pub, self._config)
+            self.port = bind_data_socket(pub, self._config, sub)
             sub.setsockopt(zmq.SUBSCRIBE, proto.subscription(proto.ACK, self.address))
             sub.setsockopt(zmq.SUBSCRIBE, proto.subscription(proto.FETCH, self.address))
             beacon = Beacon(self._config, self.address, ctx)

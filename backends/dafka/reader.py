@@ -135,10 +135,18 @@ class Reader:
         next_sequence: int,
         credit: int,
         generation: int,
+        *,
+        head: int = -1,
+        jump: bool = False,
     ) -> None:
-        """Deliver `partition` to `cursor` from `next_sequence` on (0: from the oldest
-        record the stores keep), at most `credit` records until more is granted."""
-        self._command("start", cursor, topic, partition, next_sequence, credit, generation)
+        """Deliver `partition` to `cursor` from `next_sequence` on, at most `credit` records
+        until more is granted. From 0, or with `jump`, it starts at the oldest record the
+        stores keep if that is later (retention). `head`: the partition's head when the
+        owner knows it, so that the FETCH goes at once even for a topic the reader is not
+        subscribed to (a read by offset)."""
+        self._command(
+            "start", cursor, topic, partition, next_sequence, credit, generation, head, jump
+        )
 
     def grant(self, cursor: Hashable, credit: int) -> None:
         self._command("grant", cursor, credit)
@@ -179,7 +187,7 @@ class Reader:
         try:
             pipe.connect(self._pipe_endpoint)
             xpub.setsockopt(zmq.XPUB_VERBOSE, 1)
-            port = bind_data_socket(xpub, self._config)
+            port = bind_data_socket(xpub, self._config, sub)
             for msg_id in (proto.DIRECT_RECORD, proto.DIRECT_HEAD, proto.STORE_HELLO):
                 sub.setsockopt(zmq.SUBSCRIBE, proto.subscription(msg_id, self.address))
             beacon = Beacon(self._config, self.address, ctx)
@@ -296,8 +304,11 @@ class _Actor:
         next_sequence: int,
         credit: int,
         generation: int,
+        head: int,
+        jump: bool,
     ) -> None:
         part = self._part(topic, address)
+        part.head = max(part.head, head)
         cursor = self.cursors.get(key)
         if cursor is not None and cursor.part is not part:
             self._cmd_drop(key)
@@ -305,7 +316,7 @@ class _Actor:
         if cursor is None:
             cursor = self.cursors[key] = part.cursors[key] = _Cursor(key, part)
         cursor.next = next_sequence
-        cursor.fresh = next_sequence == 0
+        cursor.fresh = jump or next_sequence == 0
         cursor.credit = credit
         cursor.generation = generation
         cursor.fetch_end = 0
@@ -348,8 +359,8 @@ class _Actor:
             mid = msg.id
             if mid == proto.STORE_HELLO:
                 self._hello(msg.address.encode())
-            elif msg.subject not in self.subjects:
-                continue
+            elif msg.subject not in self.subjects and (msg.subject, msg.address) not in self.parts:
+                continue  # not ours (a partition started by a read needs no subscription)
             elif mid in (proto.RECORD, proto.DIRECT_RECORD):
                 self._on_record(msg, mid == proto.DIRECT_RECORD)
             elif mid in (proto.HEAD, proto.DIRECT_HEAD) and msg.sequence >= 0:

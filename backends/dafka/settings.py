@@ -14,13 +14,14 @@
     "commit_interval": 1.0,
     "snapshot_interval": 3600,
     "start_timeout": 10,
-    "queue_max_messages": 1000000,
+    "queue_max_messages": 100000,
     "settings": {"store/retention/ms": "604800000"}   # zconfig paths, passed through
 }
 """
 
 from __future__ import annotations
 
+import fnmatch
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -50,8 +51,7 @@ class DafkaSettings:
     # separated; beacons publish there) and their publishing side (5557).
     tower_sub_address: str = ""
     tower_pub_address: str = ""
-    # Embedded mode.
-    data_dir: str = "rafka-data"
+    # Embedded mode (its data directory is the gateway's `data_dir`).
     stores: int = 1
     # Both modes.
     partitions: int = 4
@@ -63,7 +63,7 @@ class DafkaSettings:
     commit_interval: float = 1.0
     snapshot_interval: float = 3600.0
     start_timeout: float = 10.0
-    queue_max_messages: int = 1_000_000
+    queue_max_messages: int = 100_000
     # DUMP counts a record durable once one store has it ("one"), or every store the
     # tower knows ("all").
     acks: str = "one"
@@ -75,7 +75,15 @@ class DafkaSettings:
         return bool(self.tower_sub_address or self.tower_pub_address)
 
     def partition_count(self, topic: str) -> int:
-        return self.topic_partitions.get(topic, self.partitions)
+        """`topic_partitions` by exact name, else by the first glob pattern (`logs.*`) that
+        matches, else `partitions`."""
+        count = self.topic_partitions.get(topic)
+        if count is not None:
+            return count
+        for pattern, pattern_count in self.topic_partitions.items():
+            if fnmatch.fnmatchcase(topic, pattern):
+                return pattern_count
+        return self.partitions
 
 
 ACKS = ("one", "all")
@@ -157,7 +165,6 @@ def _zconfig(value: object) -> Mapping[str, str]:
 
 
 _KEYS: dict[str, Callable[[object], Any]] = {
-    "data_dir": lambda v: _text("data_dir", v),
     "stores": lambda v: _integer("stores", v, 1, 16),
     "tower_sub_address": lambda v: _text("tower_sub_address", v),
     "tower_pub_address": lambda v: _text("tower_pub_address", v),

@@ -356,7 +356,7 @@ class _Writer(_Actor):
             self.direct.setsockopt(zmq.SUBSCRIBE, proto.subscription(kind, self.uuid))
         self.msg.setsockopt(zmq.SUBSCRIBE, proto.subscription(proto.RECORD))
         self.msg.setsockopt(zmq.SUBSCRIBE, proto.subscription(proto.HEAD))
-        self.port = bind_data_socket(self.pub, self.config)
+        self.port = bind_data_socket(self.pub, self.config, self.direct, self.msg)
         return [self.pub, self.direct, self.msg]
 
     def _loop(self, pipe: zmq.Socket, beacon: Beacon) -> None:
@@ -608,7 +608,7 @@ class _Reader(_Actor):
         self.sub.setsockopt(zmq.SUBSCRIBE, proto.subscription(proto.FETCH))
         self.sub.setsockopt(zmq.SUBSCRIBE, proto.subscription(proto.GET_HEADS))
         self.sub.setsockopt(zmq.SUBSCRIBE, proto.subscription(proto.CONSUMER_HELLO, self.uuid))
-        self.port = bind_data_socket(self.xpub, self.config)
+        self.port = bind_data_socket(self.xpub, self.config, self.sub)
         return [self.xpub, self.sub]
 
     def _loop(self, pipe: zmq.Socket, beacon: Beacon) -> None:

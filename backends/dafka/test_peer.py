@@ -264,7 +264,7 @@ class TestPeer:
             sub.setsockopt(zmq.RCVHWM, hwm)
             sub.setsockopt(zmq.SUBSCRIBE, b"")
             monitor = sub.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
-            self.port = bind_data_socket(xpub, self._config)
+            self.port = bind_data_socket(xpub, self._config, sub)
             beacon = Beacon(self._config, self.address, ctx)
             beacon.wait_ready()
             beacon.start(self.port)

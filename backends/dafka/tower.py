@@ -19,6 +19,7 @@ import uuid
 import structlog
 import zmq
 
+from backends.dafka import security
 from backends.dafka.beacon import attach, format_endpoint
 from backends.dafka.config import Config
 
@@ -72,6 +73,7 @@ class Tower:
         self._sub_spec = config.get("tower/sub_address")
         self._pub_spec = config.get("tower/pub_address")
         self._verbose = config.get_bool("tower/verbose")
+        self._config = config
         self._control = f"inproc://dafka-tower-{uuid.uuid4().hex}"
         self._local_ip = own_ip()
         self.sub_endpoints: list[str] = []  # as bound (wildcard ports resolved)
@@ -128,6 +130,8 @@ class Tower:
             for sock in sockets:
                 sock.setsockopt(zmq.LINGER, 0)
             xpub.setsockopt(zmq.XPUB_WELCOME_MSG, b"W")
+            for sock in (xsub, xpub):
+                security.serve(sock, self._config)
             control.bind(self._control)
             self.sub_endpoints = _attach_all(xsub, self._sub_spec, "tower/sub_address")
             self.pub_endpoints = _attach_all(xpub, self._pub_spec, "tower/pub_address")

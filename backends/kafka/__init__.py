@@ -11,6 +11,9 @@ from backends.base import Engine, EngineOptions, EngineSettings, Stats
 from backends.kafka import settings as _settings
 from backends.kafka.settings import KafkaSettings
 
+# Rafka's librdkafka sections: a file with any of them and no gateway.engine means Kafka.
+SECTIONS = ("general", "consumer", "producer")
+
 
 def parse_settings(document: Mapping[str, object]) -> KafkaSettings:
     return _settings.parse_settings(document)

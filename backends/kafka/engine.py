@@ -100,6 +100,10 @@ class KafkaEngine(Engine):
     def _forget(self, consumer: KafkaConsumer) -> None:
         self._consumers.discard(consumer)
 
+    def where(self) -> str:
+        brokers = self._producer_config.get("bootstrap.servers", "(no bootstrap.servers)")
+        return f"Kafka brokers {brokers}"
+
     async def topics(self) -> list[str]:
         """Every topic the cluster reports, internal ones included (as Rafka's KEYS).
 

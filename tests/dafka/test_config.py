@@ -151,3 +151,11 @@ def test_zpl_cannot_hold_both_quotes_or_newlines() -> None:
         Config({"a": "'\""}).to_zpl()
     with pytest.raises(ConfigError, match="line break"):
         Config({"a": "x\ny"}).to_zpl()
+
+
+def test_zpl_groups_paths_under_their_parents_whatever_the_order() -> None:
+    config = Config({"store/retention/ms": "1", "beacon/address": "127.0.0.1"})
+    config.set("store/db", "/data/db")  # set after another section was written
+    text = config.to_zpl()
+    assert Config.from_zpl(text).get("store/db") == "/data/db", text
+    assert Config.from_zpl(text) == config

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import zmq
 
-from backends.base import AckError, ProduceError, Record, Stats
+from backends.base import AckError, EngineOptions, ProduceError, Record, Stats
 from backends.dafka.config import Config
 from backends.dafka.engine import DafkaEngine
 from backends.dafka.groups import Member
@@ -48,9 +48,8 @@ def settings_for(config: Config, **overrides: object) -> DafkaSettings:
 
 @asynccontextmanager
 async def engine_on(config: Config, **overrides: object) -> AsyncIterator[DafkaEngine]:
-    engine = DafkaEngine(
-        Stats(), settings_for(config, **overrides), consume_batch=50, stop_flush_timeout=0.5
-    )
+    options = EngineOptions(consume_batch=50, stop_flush_timeout=0.5)
+    engine = DafkaEngine(Stats(), settings_for(config, **overrides), options)
     await engine.start()
     try:
         yield engine
@@ -265,15 +264,15 @@ def test_acks_all_waits_until_every_store_holds_the_record(
 def test_embedded_engine_keeps_records_and_commits_across_restarts(tmp_path: Path) -> None:
     """No tower configured: the engine runs its own tower and store over a data directory."""
     settings = DafkaSettings(
-        data_dir=str(tmp_path / "data"),
         partitions=1,
         commit_interval=0.1,
-        settings={"beacon/interval": "100"},
+        settings={"beacon/interval": "100", "store/topics/t/retention/ms": "86400000"},
     )
 
     async def body() -> None:
         for round_ in range(2):
-            engine = DafkaEngine(Stats(), settings, stop_flush_timeout=0.5)
+            options = EngineOptions(stop_flush_timeout=0.5, data_dir=str(tmp_path / "data"))
+            engine = DafkaEngine(Stats(), settings, options)
             await engine.start()
             try:
                 producer = engine.producer("s")
@@ -285,5 +284,9 @@ def test_embedded_engine_keeps_records_and_commits_across_restarts(tmp_path: Pat
                 await member.close()
             finally:
                 await engine.stop()
+        # store/... settings of the gateway's config reach its embedded store.
+        stored = Config.load(tmp_path / "data" / "store-0" / "stored.cfg")
+        assert stored.get("store/topics/t/retention/ms") == "86400000"
+        assert stored.get("store/topics/__rafka_offsets/retention/ms") == "604800000"
 
     run(body())

@@ -44,8 +44,14 @@ def test_partitioners_pick_what_librdkafka_picks() -> None:
     for key in (b"kafka", b"user-42", b""):
         assert crc(key, 7) == zlib.crc32(key) % 7
         assert java(key, 7) == (murmur2(key) & 0x7FFFFFFF) % 7
-    spread = [crc(None, 3) for _ in range(6)]
-    assert sorted(spread) == [0, 0, 1, 1, 2, 2], "keyless records are spread evenly"
+    now = [0.0]
+    sticky = make_partitioner("consistent_random", clock=lambda: now[0], sticky=0.01)
+    picked = []
+    for _ in range(6):
+        picked.append([sticky(None, 3) for _ in range(4)])
+        now[0] += 0.01
+    assert all(len(set(burst)) == 1 for burst in picked), "one partition per 10 ms"
+    assert [burst[0] for burst in picked] == [0, 1, 2, 0, 1, 2], "then the next one"
     with pytest.raises(ValueError, match="unknown partitioner 'fnv'"):
         make_partitioner("fnv")
 
@@ -77,16 +83,17 @@ def test_settings_defaults_and_overrides() -> None:
     settings = parse_section(
         {
             "partitions": 2,
-            "topic_partitions": {"big": 8},
+            "topic_partitions": {"big": 8, "logs.*": 2, "*": 3},
             "tower_sub_address": "tcp://10.0.0.5:5556",
             "settings": {"store/retention/ms": 1000},
         },
-        data_dir="/tmp/x",
+        stores=2,
     )
     assert settings.partition_count("big") == 8
-    assert settings.partition_count("small") == 2
+    assert settings.partition_count("logs.web") == 2, "glob patterns, the first match"
+    assert settings.partition_count("small") == 3
     assert settings.joined
-    assert settings.data_dir == "/tmp/x"
+    assert settings.stores == 2
     assert dict(settings.settings) == {"store/retention/ms": "1000"}
 
 
@@ -101,7 +108,7 @@ def test_settings_defaults_and_overrides() -> None:
         ({"commit_interval": 0}, "dafka.commit_interval must be a finite number > 0"),
         ({"topic_partitions": {"t": 0}}, "dafka.topic_partitions.t must be 1..1024"),
         ({"settings": {"bad path!": 1}}, "dafka.settings: invalid config path"),
-        ({"data_dir": 5}, "dafka.data_dir must be a string"),
+        ({"tower_sub_address": 5}, "dafka.tower_sub_address must be a string"),
         ({"nope": 1}, "unknown setting dafka.nope"),
         ([], "section 'dafka' must be a JSON object"),
     ],

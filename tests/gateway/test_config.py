@@ -15,6 +15,7 @@ import confluent_kafka
 import pytest
 import redis
 
+from backends.dafka.settings import DafkaSettings
 from backends.kafka.settings import KafkaSettings
 from backends.registry import ENGINES
 from gateway import __version__
@@ -66,7 +67,7 @@ def test_numbers_keep_their_literal_text_and_missing_sections_are_empty(tmp_path
     settings = kafka_settings(from_args(["-c", path]))
     assert dict(settings.consumer) == {"a": "1.50", "b": "12345678901234567890", "c": "1e3"}
     assert dict(settings.producer) == {}
-    assert kafka_settings(from_args(["-c", write(tmp_path, {})])).consumer == {}
+    assert kafka_settings(from_args(["-c", write(tmp_path, {"producer": {}})])).consumer == {}
 
 
 def test_gateway_section_and_flags(tmp_path: Path) -> None:
@@ -95,7 +96,7 @@ def test_gateway_section_and_flags(tmp_path: Path) -> None:
     assert (flagged.host, flagged.port) == ("::1", 7001)
     assert from_args(["--config", write(tmp_path, {}), "--log-json"]).log_format == "json"
     defaults = from_args(["-c", write(tmp_path, {})])
-    assert (defaults.host, defaults.port, defaults.engine) == ("0.0.0.0", 6380, "kafka")
+    assert (defaults.host, defaults.port, defaults.engine) == ("0.0.0.0", 6380, "dafka")
     assert (defaults.blpop_default_timeout, defaults.producer_close_timeout) == (5.0, 5.0)
     assert defaults.consume_batch == 500
 
@@ -107,7 +108,7 @@ def test_gateway_section_and_flags(tmp_path: Path) -> None:
         ({"general": {"a": [1]}}, "general.a: nested objects and arrays are not allowed"),
         ({"producer": {"a": None}}, "producer.a: must be a string, a number or a boolean"),
         ({"consumer": []}, "section 'consumer' must be a JSON object"),
-        ({"gateway": {"engine": "x"}}, "gateway.engine must be one of kafka"),
+        ({"gateway": {"engine": "x"}}, "gateway.engine must be one of dafka, kafka"),
         ({"gateway": {"port": "6380"}}, "gateway.port must be an integer"),
         ({"gateway": {"port": 70000}}, "gateway.port must be >= 0 and <= 65535"),
         ({"gateway": {"idle_timeout": -1}}, "gateway.idle_timeout must be a finite number >= 0"),
@@ -240,13 +241,61 @@ def test_the_gateway_names_the_engine_and_loads_only_that_one() -> None:
     probe = (
         "import sys, gateway.cli, gateway.runner, gateway.config as c\n"
         "assert 'confluent_kafka' not in sys.modules, 'loaded before any configuration'\n"
-        "c.from_dict({})\n"
+        "c.from_dict({'consumer': {}})\n"
         "assert 'backends.kafka' in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", probe], check=True, timeout=30)
-    assert Config().engine == "kafka"
-    assert kafka_settings(Config()).producer == {}, "no document: the engine's defaults"
+    assert Config().engine == "dafka", "nothing configured: the embedded engine"
+    assert kafka_settings(Config(engine="kafka")).producer == {}, "the engine's defaults"
     # The names come from the registry (where the tests add their in-memory engine).
     with pytest.raises(ConfigError) as unknown:
         Config(engine="x")
     assert str(unknown.value) == f"gateway.engine must be one of {', '.join(ENGINES)}, got 'x'"
+
+
+def test_the_engine_follows_the_file_unless_named(tmp_path: Path) -> None:
+    """Rafka's own file (librdkafka sections) keeps meaning Kafka; no file, or a `dafka`
+    section, means the embedded Dafka engine; flags win over both."""
+    rafka_file = write(tmp_path, {"general": {"bootstrap.servers": "b:9092"}})
+    assert from_args(["-c", rafka_file]).engine == "kafka"
+    assert from_args(["-c", write(tmp_path, {"dafka": {"partitions": 2}})]).engine == "dafka"
+    assert from_args(["-c", rafka_file, "--engine", "dafka"]).engine == "dafka"
+    both = write(tmp_path, {"consumer": {}, "dafka": {}})
+    with pytest.raises(ConfigError, match="sections of several engines"):
+        from_args(["-c", both])
+    assert from_args(["-c", both, "--engine", "kafka"]).engine == "kafka"
+
+
+def test_engine_flags_write_the_engine_section(tmp_path: Path) -> None:
+    config = from_args(
+        [
+            "-c",
+            write(tmp_path, {"dafka": {"stores": 3}}),
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--tower-sub",
+            "tcp://127.0.0.1:5556",
+            "--tower-pub",
+            "tcp://127.0.0.1:5557",
+        ]
+    )
+    settings = config.engine_settings
+    assert isinstance(settings, DafkaSettings)
+    assert (settings.tower_sub_address, settings.tower_pub_address, settings.stores) == (
+        "tcp://127.0.0.1:5556",
+        "tcp://127.0.0.1:5557",
+        3,
+    )
+    assert settings.joined
+    assert config.engine_options().data_dir == str(tmp_path / "data")
+    with pytest.raises(ConfigError, match=r"dafka\.stores must be 1\.\.16, got 0"):
+        from_args(["-c", write(tmp_path, {}), "--stores", "0"])
+
+
+def test_no_file_at_all_runs_the_embedded_engine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # no librdkafka.json here
+    config = from_args([])
+    assert (config.engine, config.config_path) == ("dafka", None)
+    assert config.engine_options().data_dir == "rafka-data"

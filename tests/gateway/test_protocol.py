@@ -21,12 +21,13 @@ from redis.retry import Retry
 from backends.base import Stats
 from gateway import __version__
 from gateway.runner import ServerThread
+from tests.support.engines import GATEWAY_ENGINES
 from tests.support.fixtures import GatewayConfig
 from tests.support.gateway import Raw, client, running
 from tests.support.waiting import wait_until
 
 
-@pytest.fixture(scope="module", params=["memory", "kafka"])
+@pytest.fixture(scope="module", params=["memory", *GATEWAY_ENGINES])
 def engine_name(request: pytest.FixtureRequest) -> str:
     name: str = request.param
     return name

@@ -13,6 +13,7 @@ import pytest
 from backends.base import Consumer, Engine, Producer, Record, Stats
 from gateway.config import Config
 from gateway.runner import ServerThread
+from tests.support.engines import GATEWAY_ENGINES
 from tests.support.fixtures import EngineFactories, GatewayConfig
 from tests.support.gateway import Raw, client, configured_engine
 from tests.support.waiting import wait_until
@@ -78,7 +79,7 @@ def refused(port: int) -> bool:
     return False
 
 
-@pytest.fixture(params=["memory", "kafka"])
+@pytest.fixture(params=["memory", *GATEWAY_ENGINES])
 def engine_name(request: pytest.FixtureRequest) -> str:
     name: str = request.param
     return name

@@ -1,4 +1,4 @@
-"""The `rafka` command as a real process on a Tansu broker (end-to-end tests, benchmarks)."""
+"""The `rafka` command as a real process (end-to-end tests, benchmarks)."""
 
 from __future__ import annotations
 
@@ -29,14 +29,16 @@ class RafkaProcess:
     """`rafka -c <file> -p <port>` as a child process (dies with the test run), stopped
     with SIGTERM."""
 
-    def __init__(self, config_path: Path, port: int | None = None) -> None:
+    def __init__(self, config_path: Path, port: int | None = None, *args: str) -> None:
         self.port = port or free_port()
         self.config_path = config_path
+        self.args = args
         self.child: Child | None = None
 
     def start(self) -> None:
+        argv = [str(RAFKA), "-c", str(self.config_path), "--host", "127.0.0.1"]
         self.child = start(
-            [str(RAFKA), "-c", str(self.config_path), "--host", "127.0.0.1", "-p", str(self.port)],
+            [*argv, "-p", str(self.port), *self.args],
             name="rafka",
             ready=lambda: port_answers_ping(self.port),
             timeout=20,
