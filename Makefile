@@ -3,13 +3,14 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-APT_PACKAGES := redis-server redis-tools ruby ruby-redis
+APT_PACKAGES := redis-server redis-tools ruby ruby-redis docker-compose
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PORT ?= 6380
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: run test test-fast venv system-packages lint typecheck pytest bench bench-dafka clean
+.PHONY: run test test-fast venv system-packages lint typecheck compose-check pytest bench \
+	bench-dafka clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,10 +20,11 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-# The tests drive real redis-server, redis-cli and redis-rb: install them when missing.
+# The tests drive real redis-server, redis-cli and redis-rb, and validate the compose file
+# with docker-compose (no Docker engine needed): install them when missing.
 system-packages:
 	@if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null \
-	    || ! command -v redis-benchmark >/dev/null \
+	    || ! command -v redis-benchmark >/dev/null || ! command -v docker-compose >/dev/null \
 	    || ! ruby -e 'require "redis"' >/dev/null 2>&1; then \
 	  echo "installing Debian packages: $(APT_PACKAGES)"; \
 	  $(SUDO) apt-get update -qq && \
@@ -49,10 +51,17 @@ typecheck: venv
 	$(BIN)/mypy
 	$(BIN)/mypy tests e2e bench
 
+# docker-compose.yml against the Compose schema, with each profile (no Docker engine needed);
+# e2e/test_compose.py runs its services as local processes.
+compose-check: system-packages
+	docker-compose -f docker-compose.yml config -q
+	docker-compose -f docker-compose.yml --profile dafka config -q
+	docker-compose -f docker-compose.yml --profile kafka config -q
+
 pytest: venv system-packages
 	$(BIN)/pytest $(PYTEST_ARGS)
 
-test: system-packages venv lint typecheck pytest
+test: system-packages venv lint typecheck compose-check pytest
 
 # Every test that needs no broker (the Kafka ones are skipped): a quick check while working.
 test-fast: venv system-packages

@@ -40,6 +40,7 @@ class PartitionWriter:
         self.topic = topic
         self.number = number
         self.address = own_address(topic, number)
+        self.internal = topic.startswith(INTERNAL_PREFIX)
         self._engine = engine
         self._loop = asyncio.get_running_loop()
         self._producer: DafkaProducer | None = None
@@ -72,7 +73,8 @@ class PartitionWriter:
         except Exception as error:
             self.failed = f"Local: Transport failure: {error}"
             log.error("cannot start partition writer", topic=self.topic, error=str(error))
-            engine.stats.incr(Stats.DELIVERY_ERRORS, len(self._waiting))
+            if not self.internal:
+                engine.stats.incr(Stats.DELIVERY_ERRORS, len(self._waiting))
             self._waiting = []
             engine.progress()
             return
@@ -119,7 +121,8 @@ class PartitionWriter:
         acked = last_acked - self._first_sequence + 1
         if acked > self.acked:
             self._engine.observer.note_stored(self.topic, self.address, last_acked)
-            self._engine.stats.incr(Stats.DELIVERED, acked - self.acked)
+            if not self.internal:  # commits are not the clients' records
+                self._engine.stats.incr(Stats.DELIVERED, acked - self.acked)
             self.acked = acked
             self._engine.progress()
 

@@ -290,3 +290,25 @@ def test_embedded_engine_keeps_records_and_commits_across_restarts(tmp_path: Pat
         assert stored.get("store/topics/__rafka_offsets/retention/ms") == "604800000"
 
     run(body())
+
+
+def test_commits_are_not_counted_as_clients_records(network: Config) -> None:
+    async def body() -> None:
+        async with engine_on(network, partitions=1) as engine:
+            producer = engine.producer("s")
+            producer.produce("t", None, b"one")
+            assert await producer.flush(WAIT) == 0
+            member = await engine.consumer("g", "c", ["t"], {})
+            await take(member, 1)
+            await member.close()  # commits: a record of __rafka_offsets
+            assert engine.stats.get(Stats.COMMITTED) == 1
+            assert engine.stats.get(Stats.DELIVERED) == 1, "the commit counted as delivered"
+        # A restart writes a snapshot of the offsets at start: not a client's record either.
+        async with engine_on(network, partitions=1) as engine:
+            producer = engine.producer("s")
+            producer.produce("t", None, b"two")
+            assert await producer.flush(WAIT) == 0
+            await engine.commit_now()
+            assert engine.stats.get(Stats.DELIVERED) == 1
+
+    run(body())
