@@ -264,3 +264,95 @@ class Engine(ABC):
     def where(self) -> str:
         """Where the log is, for the start-up line: e.g. the brokers, or a directory."""
         return ""
+
+
+# --- administration: topics (rafka-topics) -----------------------------------------------
+#
+# Kept in one block at the end of the module. An engine module of `backends.registry`
+# provides `admin(settings, options) -> Admin`; `rafka-topics` talks to nothing else.
+
+
+class AdminError(EngineError):
+    """An administrative operation failed; in particular the engine cannot be reached
+    (no broker answers, no Dafka store answers). The text says what and where."""
+
+
+class TopicExistsError(AdminError):
+    """A create of a topic that exists already."""
+
+
+class UnknownTopicError(AdminError):
+    """An operation on a topic the engine does not know."""
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionOffsets:
+    """One partition of a topic: the oldest offset the log keeps and the offset the next
+    record will get (`first == next`: nothing kept)."""
+
+    partition: int
+    first: int
+    next: int
+
+
+@dataclass(frozen=True, slots=True)
+class GroupOffsets:
+    """A consumer group's committed offset (the next record it wants) on one partition,
+    and how far behind the partition's next offset it is."""
+
+    group: str
+    partition: int
+    committed: int
+    lag: int
+
+
+@dataclass(frozen=True, slots=True)
+class TopicDescription:
+    """What `rafka-topics --describe` shows of one topic.
+
+    `config`: the topic's settings as Kafka names them (`retention.ms`,
+    `retention.bytes`), as far as the engine knows them; `groups` only lists partitions
+    on which a group has committed.
+    """
+
+    name: str
+    partitions: tuple[PartitionOffsets, ...]
+    config: Mapping[str, str]
+    groups: tuple[GroupOffsets, ...] = ()
+
+    @property
+    def retention_ms(self) -> str | None:
+        return self.config.get("retention.ms")
+
+
+# The topic settings `create_topic` accepts, on every engine.
+TOPIC_CONFIG_KEYS = ("retention.ms", "retention.bytes")
+
+
+class Admin(ABC):
+    """Topic administration on one engine's deployment. Every method raises AdminError
+    (or a subclass) only; `close()` once at the end, also after an error."""
+
+    @abstractmethod
+    async def create_topic(self, name: str, partitions: int, config: Mapping[str, str]) -> None:
+        """Create `name` with `partitions` partitions and `config` (TOPIC_CONFIG_KEYS).
+
+        Raises TopicExistsError when the topic exists (created before, or holding
+        records), AdminError for a name, count or setting the engine refuses.
+        """
+
+    @abstractmethod
+    async def list_topics(self) -> list[str]:
+        """Every topic, sorted, internal ones included."""
+
+    @abstractmethod
+    async def describe(self, topic: str) -> TopicDescription:
+        """Partitions with their offsets, settings, groups; UnknownTopicError."""
+
+    @abstractmethod
+    async def delete_topic(self, name: str) -> None:
+        """Delete `name` and its records; UnknownTopicError."""
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Release every connection (and whatever the admin started). Idempotent."""

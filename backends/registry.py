@@ -9,6 +9,7 @@ module provides (see `EngineModule`):
   the key. The gateway keeps the result without looking into it.
 - `create(settings, stats, options)`: a new engine, not started yet.
 - `describe(settings)`: the settings for the start-up log line, secrets redacted.
+- `admin(settings, options)`: topic administration (`rafka-topics`), not connected yet.
 
 Adding an engine is one entry in `ENGINES`.
 """
@@ -20,7 +21,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, cast
 
-from backends.base import Engine, EngineConfigError, EngineOptions, EngineSettings, Stats
+from backends.base import (
+    Admin,
+    Engine,
+    EngineConfigError,
+    EngineOptions,
+    EngineSettings,
+    Stats,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +49,8 @@ class EngineModule(Protocol):
 
     def describe(self, settings: EngineSettings) -> dict[str, object]: ...
 
+    def admin(self, settings: EngineSettings, options: EngineOptions) -> Admin: ...
+
 
 @dataclass(frozen=True, slots=True)
 class EngineEntry:
@@ -58,6 +68,10 @@ class EngineEntry:
 
     def describe(self, settings: EngineSettings) -> dict[str, object]:
         return self.load().describe(settings)
+
+    def admin(self, settings: EngineSettings, options: EngineOptions) -> Admin:
+        """Topic administration of this engine (`rafka-topics`); connects on first use."""
+        return self.load().admin(settings, options)
 
     def sections(self) -> tuple[str, ...]:
         """The sections of a configuration document that only this engine reads."""

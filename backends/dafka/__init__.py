@@ -8,7 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from backends.base import Engine, EngineConfigError, EngineOptions, EngineSettings, Stats
+from backends.base import (
+    Admin,
+    Engine,
+    EngineConfigError,
+    EngineOptions,
+    EngineSettings,
+    Stats,
+)
 from backends.dafka.settings import DafkaSettings, SettingsError, parse_section
 from backends.registry import EngineFlag
 
@@ -58,3 +65,9 @@ def _own(settings: EngineSettings) -> DafkaSettings:
     if not isinstance(settings, DafkaSettings):  # another engine's: a bug, not a config error
         raise TypeError(f"not Dafka settings: {type(settings).__name__}")
     return settings
+
+
+def admin(settings: EngineSettings, options: EngineOptions) -> Admin:
+    from backends.dafka.admin import DafkaAdmin
+
+    return DafkaAdmin(_own(settings), options)

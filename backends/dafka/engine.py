@@ -5,6 +5,8 @@ What it adds to Dafka, and where:
 - partition writers with stable addresses, DUMP as a durability barrier: `producing.py`;
 - consumer groups, rebalancing, redelivery: `groups.py`;
 - durable committed offsets, as records of an internal topic: `offsets.py`;
+- topics created and deleted with rafka-topics, as records of another one: `catalog.py`
+  (read at start and followed: a created topic's partition count wins over the settings);
 - what the network holds (heads, topics): `observer.py`.
 The network is either embedded (a tower and stores as child processes, `embedded.py`) or
 joined (tower endpoints given; the gateway starts nothing).
@@ -29,6 +31,7 @@ from backends.base import (
     ProducerCreationError,
     Stats,
 )
+from backends.dafka.catalog import TOPICS_TOPIC, Catalog, TopicEntry, is_gone
 from backends.dafka.config import Config as DafkaConfig
 from backends.dafka.embedded import EmbeddedNetwork, EmbeddedNetworkError
 from backends.dafka.groups import Group, Member
@@ -152,6 +155,8 @@ class DafkaEngine(Engine):
         self.partition_map = PartitionMap()
         self._partitioner = make_partitioner(settings.partitioner)
         self.offsets = CommitLog()
+        self.catalog = Catalog()
+        self._catalog_cursors: set[str] = set()  # catalog partitions followed
         self.stopped = False
         self._started = False
         self._observer: Observer | None = None
@@ -207,14 +212,19 @@ class DafkaEngine(Engine):
             await asyncio.to_thread(
                 observer.wait_settled, self._network.stores, settings.start_timeout
             )
-            heads = {
-                address: stored
-                for address in observer.heads(OFFSETS_TOPIC)
-                if (stored := observer.stored_head(OFFSETS_TOPIC, address)) is not None
-            }
+            catalog_heads = self._stored_heads(TOPICS_TOPIC)
             await asyncio.to_thread(
-                self.offsets.load, self.dafka_config, heads, settings.start_timeout
+                self.catalog.load, self.dafka_config, catalog_heads, settings.start_timeout
             )
+            await asyncio.to_thread(
+                self.offsets.load,
+                self.dafka_config,
+                self._stored_heads(OFFSETS_TOPIC),
+                settings.start_timeout,
+            )
+            for entry in self.catalog.entries():
+                if entry.deleted:
+                    self.offsets.forget(entry.topic, entry.unix_ms)
         except (NotSettled, EngineError, OSError, ValueError) as error:
             await self._stop_started()
             raise EngineError(f"cannot join the Dafka network: {error}") from None
@@ -222,6 +232,7 @@ class DafkaEngine(Engine):
             await self._stop_started()
             raise
         self._started = True
+        self._follow_catalog(catalog_heads)
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._commit_every(settings.commit_interval)))
         self._tasks.append(loop.create_task(self._snapshot_every(settings.snapshot_interval)))
@@ -230,7 +241,16 @@ class DafkaEngine(Engine):
             mode="joined" if settings.joined else "embedded",
             stores=observer.stores,
             committed_offsets=len(self.offsets.all()),
+            topics_created=sum(not entry.deleted for entry in self.catalog.entries()),
         )
+
+    def _stored_heads(self, topic: str) -> dict[str, int]:
+        observer = self.observer
+        return {
+            address: stored
+            for address in observer.heads(topic)
+            if (stored := observer.stored_head(topic, address)) is not None
+        }
 
     async def stop(self) -> None:
         if self.stopped:
@@ -272,6 +292,10 @@ class DafkaEngine(Engine):
             raise ProducerCreationError(STOPPED)
         return ProducerHandle(self, session_id)
 
+    def partition_count(self, topic: str) -> int:
+        """The count of a topic created with rafka-topics, else the settings'."""
+        return self.catalog.partitions(topic) or self.settings.partition_count(topic)
+
     def writer_for(self, topic: str, key: bytes | None) -> PartitionWriter:
         """The writer of the partition a record of `topic` with `key` goes to; raises
         ProduceError for a topic that cannot be written (checked once per topic)."""
@@ -283,7 +307,7 @@ class DafkaEngine(Engine):
             if topic.startswith(INTERNAL_PREFIX):
                 raise ProduceError(INVALID_TOPIC)  # commits must not be forged
             self._writable.add(topic)
-        count = self.settings.partition_count(topic)
+        count = self.partition_count(topic)
         number = self.settings.node * count + self._partitioner(key, count)
         return self.writer(topic, number)
 
@@ -360,7 +384,7 @@ class DafkaEngine(Engine):
 
     def subscribe(self, group: Group, topic: str) -> None:
         groups = self._readers_of.setdefault(topic, set())
-        if not groups:
+        if not groups and topic != TOPICS_TOPIC:  # the catalog is always subscribed
             self.reader.subscribe(topic)
         groups.add(group)
 
@@ -371,7 +395,8 @@ class DafkaEngine(Engine):
         groups.discard(group)
         if not groups:
             del self._readers_of[topic]
-            self.reader.unsubscribe(topic)
+            if topic != TOPICS_TOPIC:
+                self.reader.unsubscribe(topic)
 
     def _sink_thread(self, events: list[Event]) -> None:
         with self._inbox_lock:
@@ -387,13 +412,56 @@ class DafkaEngine(Engine):
         for event in events:
             if event[0] == "record":
                 _, (name, topic, address), seq, content, generation = event
+                if name is None:
+                    self._on_catalog_record(address, content)
+                    continue
                 group = groups.get(name)
                 if group is not None:
                     group.on_record(topic, address, seq, content, generation)
             else:
                 _, topic, address, head = event
+                if topic == TOPICS_TOPIC:
+                    self._follow_catalog_partition(address, 0)
                 for group in list(self._readers_of.get(topic, ())):
                     group.on_head(topic, address, head)
+
+    # --- the topic catalog (rafka-topics) -------------------------------------------------
+
+    def _follow_catalog(self, loaded: dict[str, int]) -> None:
+        """Follow the catalog from where the start-up read stopped (new partitions of it
+        from their beginning, when the reader finds them)."""
+        self.reader.subscribe(TOPICS_TOPIC)
+        for address, head in loaded.items():
+            self._follow_catalog_partition(address, head + 1)
+
+    def _follow_catalog_partition(self, address: str, start: int) -> None:
+        if address in self._catalog_cursors:
+            return
+        self._catalog_cursors.add(address)
+        self.reader.start((None, TOPICS_TOPIC, address), TOPICS_TOPIC, address, start, 1000, 0)
+
+    def _on_catalog_record(self, address: str, content: bytes) -> None:
+        self.reader.grant((None, TOPICS_TOPIC, address), 1)
+        entry = self.catalog.apply(content)
+        if entry is None:
+            return
+        if entry.deleted:
+            forgotten = self.offsets.forget(entry.topic, entry.unix_ms)
+            for group in list(self._groups.values()):
+                group.topic_deleted(entry.topic)
+            log.info("topic deleted (rafka-topics)", topic=entry.topic, offsets_forgotten=forgotten)
+        else:
+            log.info(
+                "topic created (rafka-topics)",
+                topic=entry.topic,
+                partitions=entry.partitions,
+                config=dict(entry.config),
+            )
+
+    def topic_gone(self, topic: str, entry: TopicEntry | None = None) -> bool:
+        """Deleted with rafka-topics, and nothing written to it since."""
+        entry = entry or self.catalog.get(topic)
+        return entry is not None and is_gone(entry, self.observer.heads(topic))
 
     def forget_group(self, group: Group) -> None:
         if self._groups.get(group.name) is group:
@@ -463,8 +531,9 @@ class DafkaEngine(Engine):
     # --- metadata --------------------------------------------------------------------------
 
     async def topics(self) -> list[str]:
-        """Every topic a store or a live producer knows, the internal offsets topic too
-        (as Kafka's listing shows __consumer_offsets)."""
+        """Every topic a store or a live producer knows or rafka-topics created, the
+        internal ones too (as Kafka's listing shows __consumer_offsets), but not those
+        deleted with rafka-topics (unless written to again)."""
         if not self._started or self.stopped:
             raise MetadataError(STOPPED)
         try:
@@ -473,4 +542,5 @@ class DafkaEngine(Engine):
             )
         except NotSettled as error:
             raise MetadataError(str(error)) from None
-        return sorted(self.observer.topics())
+        known = self.observer.topics() | {entry.topic for entry in self.catalog.entries()}
+        return sorted(topic for topic in known if not self.topic_gone(topic))

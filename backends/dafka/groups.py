@@ -139,6 +139,16 @@ class Group:
             part.generation,
         )
 
+    def topic_deleted(self, topic: str) -> None:
+        """The topic was deleted (rafka-topics): its records are gone, and its offsets
+        with them. Restart its partitions from the oldest record the stores will keep
+        (what is written next): a position below it would wait for records that never
+        come."""
+        for part in self.parts.values():
+            if part.topic == topic and part.started:
+                self._start(part, 0)
+                part.dirty = False
+
     async def leave(self, member: Member) -> None:
         if member in self.members:
             self.members.remove(member)

@@ -114,6 +114,12 @@ class Observer:
                 wait = self._settle - quiet if len(self._readers) >= min_stores else 0.05
                 self._cond.wait(max(0.001, min(wait, deadline - now)))
 
+    def answered(self) -> int:
+        """Store readers greeted that answered with at least one head (a store that holds
+        nothing never answers: there is no end-of-answer message)."""
+        with self._cond:
+            return sum(1 for reader in self._readers if self._held.get(reader))
+
     def refresh(self, min_stores: int, timeout: float) -> None:
         """Ask every store for every head again, then wait until settled."""
         with self._cond:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import structlog
 
@@ -65,28 +65,52 @@ class CommitLog:
         except (ValueError, TypeError) as error:
             log.error("unreadable commit record skipped", error=str(error))
 
+    def forget(self, topic: str, before_ms: int) -> int:
+        """Drop the entries of `topic` committed before `before_ms` (the topic was deleted
+        then, as Kafka drops a deleted topic's offsets); returns how many."""
+        stale = [
+            key for key, (_, when) in self._offsets.items() if key[1] == topic and when < before_ms
+        ]
+        for key in stale:
+            del self._offsets[key]
+        return len(stale)
+
     def load(self, config: Config, heads: dict[str, int], timeout: float) -> None:
         """Blocking: read every partition of the offsets topic up to `heads`."""
-        if not heads:
-            return
-        earliest = Config(dict(config.items()) | {"consumer/offset/reset": "earliest"})
-        consumer = DafkaConsumer(earliest)
-        try:
-            consumer.subscribe(OFFSETS_TOPIC)
-            left = dict(heads)
-            deadline = time.monotonic() + timeout
-            while left:
-                remaining = deadline - time.monotonic()
-                record = consumer.get(max(0.0, remaining)) if remaining > 0 else None
-                if record is None:
-                    raise ConsumerCreationError(
-                        f"committed offsets not read within {timeout:g} s "
-                        f"({len(left)} partition(s) of {OFFSETS_TOPIC} incomplete)"
-                    )
-                self.apply(record.content)
-                head = left.get(record.partition)
-                if head is not None and record.sequence >= head:
-                    del left[record.partition]
-        finally:
-            consumer.close()
+        read_partitions(config, OFFSETS_TOPIC, heads, timeout, self.apply, "committed offsets")
         log.info("committed offsets loaded", entries=len(self._offsets))
+
+
+def read_partitions(
+    config: Config,
+    topic: str,
+    heads: dict[str, int],
+    timeout: float,
+    apply: Callable[[bytes], object],
+    what: str,
+) -> None:
+    """Blocking: `apply` the content of every record of `topic`'s partitions (address ->
+    head) up to their heads, in order per partition; raise ConsumerCreationError naming
+    `what` if that takes longer than `timeout` seconds."""
+    if not heads:
+        return
+    earliest = Config(dict(config.items()) | {"consumer/offset/reset": "earliest"})
+    consumer = DafkaConsumer(earliest)
+    try:
+        consumer.subscribe(topic)
+        left = dict(heads)
+        deadline = time.monotonic() + timeout
+        while left:
+            remaining = deadline - time.monotonic()
+            record = consumer.get(max(0.0, remaining)) if remaining > 0 else None
+            if record is None:
+                raise ConsumerCreationError(
+                    f"{what} not read within {timeout:g} s "
+                    f"({len(left)} partition(s) of {topic} incomplete)"
+                )
+            apply(record.content)
+            head = left.get(record.partition)
+            if head is not None and record.sequence >= head:
+                del left[record.partition]
+    finally:
+        consumer.close()

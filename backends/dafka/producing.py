@@ -40,6 +40,8 @@ class PartitionWriter:
         self.topic = topic
         self.number = number
         self.address = own_address(topic, number)
+        # Commits and the topic catalog are counted as such, not as records clients
+        # produced (producer.delivered.messages, producer.delivery.errors).
         self.internal = topic.startswith(INTERNAL_PREFIX)
         self._engine = engine
         self._loop = asyncio.get_running_loop()
@@ -121,7 +123,7 @@ class PartitionWriter:
         acked = last_acked - self._first_sequence + 1
         if acked > self.acked:
             self._engine.observer.note_stored(self.topic, self.address, last_acked)
-            if not self.internal:  # commits are not the clients' records
+            if not self.internal:
                 self._engine.stats.incr(Stats.DELIVERED, acked - self.acked)
             self.acked = acked
             self._engine.progress()

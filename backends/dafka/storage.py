@@ -351,6 +351,68 @@ class Storage:
             return written_ms, total - kept
         raise AssertionError("the index entry at the head always exists")
 
+    # --- deletion (rafka-topics --delete) ---------------------------------------------
+
+    def stage_delete_topic(
+        self,
+        batch: WriteBatch,
+        subject: bytes,
+        states: dict[bytes, PartitionState],
+        written_ms: int,
+    ) -> None:
+        """Stage the deletion of every record of ``subject`` (its ``M`` and ``T`` keys).
+
+        The head keys stay, and each partition of ``states`` (partition -> its current
+        head and byte total) keeps a base index entry at its head, as ``trim`` leaves
+        one: a partition written again continues after its head (offsets are never
+        reused, and the other stores' copies of the deleted records are never fetched
+        back), and its retained size counts only what comes after.
+        """
+        for kind in (b"M", b"T"):
+            prefix = kind + subject + b"\0"
+            batch.delete_range(prefix, _next_prefix(prefix))
+        for partition, state in states.items():
+            batch.put(
+                index_key(subject, partition, state.head),
+                _TIME_INDEX.pack(written_ms, state.total),
+            )
+
+    def partition_states(self, subject: bytes) -> dict[bytes, PartitionState]:
+        """Head and byte total of every stored partition of ``subject``."""
+        states: dict[bytes, PartitionState] = {}
+        for partition, _ in self.heads(subject):
+            state = self.partition_state(subject, partition)
+            if state is not None:
+                states[partition] = state
+        return states
+
+    def delete_topic(self, subject: bytes, written_ms: int) -> int:
+        """Delete every record of ``subject`` now (see ``stage_delete_topic``); returns
+        the number of partitions it had. The store's writer stages the deletion in its
+        own batch instead, so that records it holds in memory are covered too."""
+        states = self.partition_states(subject)
+        batch = self.new_batch()
+        self.stage_delete_topic(batch, subject, states, written_ms)
+        self.commit(batch)
+        self.compact_topic(subject)
+        return len(states)
+
+    def compact_topic(self, subject: bytes) -> None:
+        """Give the disk space of deleted records back now (RocksDB's own compactions
+        may keep range tombstones over old data for a long time)."""
+        for kind in (b"M", b"T"):
+            prefix = kind + subject + b"\0"
+            self._db.compact_range(prefix, _next_prefix(prefix))
+
+    def records(self, subject: bytes, partition: bytes) -> Iterator[tuple[int, bytes]]:
+        """Every retained record of a partition, oldest first."""
+        prefix = partition_prefix(b"M", subject, partition)
+        options = ReadOptions()
+        options.set_iterate_upper_bound(_next_prefix(prefix))
+        offset = len(prefix)
+        for key, value in self._items(prefix, options):
+            yield _SEQ.unpack_from(key, offset)[0], value
+
     def flush(self) -> None:
         """Move the memtable into SST files (the WAL already makes writes durable)."""
         self._db.flush()

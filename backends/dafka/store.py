@@ -14,6 +14,13 @@ the exact subject (§10.11); greets every consumer whose SUB connects with STORE
 Retention (`store/retention/ms|bytes`, per-topic `store/topics/<topic>/retention/ms|bytes`,
 -1 = forever) runs in a third thread every `store/retention/check_interval` ms.
 
+The topic catalog (`catalog.py`, records of `__rafka_topics` written by `rafka-topics`):
+the writer applies each entry in the batch that stores it. A topic's `retention.ms` /
+`retention.bytes` override the settings above for it; a deletion drops every record of
+the topic in the same atomic write (head keys stay: see `Storage.stage_delete_topic`).
+At start the store reads the catalog it holds to restore the overrides. The catalog
+itself is kept forever unless `store/topics/__rafka_topics/retention/...` says otherwise.
+
 Fixes and additions over C: a FETCH retry timer while a partition has a known gap
 (`store/fetch_retry_interval` ms, default 1000; it gives up after
 `store/fetch_retry_timeout` ms without progress, default 60000, until new traffic shows
@@ -53,10 +60,11 @@ from backends.dafka.beacon import (
     now_ms,
     subscription_events,
 )
+from backends.dafka.catalog import TOPICS_TOPIC, Catalog, TopicEntry, retention_values
 from backends.dafka.config import Config, ConfigError
 from backends.dafka.fetch_filter import FetchFilter
 from backends.dafka.head_push import HeadPush
-from backends.dafka.storage import Retention, Storage, partition_prefix
+from backends.dafka.storage import PartitionState, Retention, Storage, partition_prefix
 
 log = structlog.get_logger(__name__)
 
@@ -69,6 +77,7 @@ _UNPACK_SEQ = struct.Struct(">Q").unpack_from
 _PACK_SEQ_COUNT = struct.Struct(">QI").pack
 _TERM = b"$TERM"
 _NONE = -1  # head of a partition with nothing stored
+INTERNAL_PREFIX = "__rafka"  # the gateway's own topics: never deleted through the catalog
 
 
 def _recv_frames(sock: zmq.Socket) -> list[bytes]:
@@ -104,22 +113,60 @@ def retention_policy(config: Config) -> Callable[[bytes], Retention] | None:
     if not finite:
         return None
     cache: dict[bytes, Retention] = {}
+    catalog = TOPICS_TOPIC.encode()
 
     def policy_for(subject: bytes) -> Retention:
         policy = cache.get(subject)
         if policy is None:
             base = f"store/topics/{subject.decode(errors='replace')}/retention"
+            # The topic catalog is kept unless configured otherwise: it holds what
+            # every gateway needs to know of the topics created.
+            fallback = Retention() if subject == catalog else default
             try:
                 policy = Retention(
-                    config.get_int(f"{base}/ms", default.ms),
-                    config.get_int(f"{base}/bytes", default.bytes),
+                    config.get_int(f"{base}/ms", fallback.ms),
+                    config.get_int(f"{base}/bytes", fallback.bytes),
                 )
             except ConfigError:
-                policy = default  # a topic name that cannot be a config path
+                policy = fallback  # a topic name that cannot be a config path
             cache[subject] = policy
         return policy
 
     return policy_for
+
+
+class RetentionPolicy:
+    """The store's retention: its settings, overridden per topic by the catalog's
+    `retention.ms` / `retention.bytes`. Written by the writer thread, read by the
+    retention thread: overrides are replaced, never changed in place."""
+
+    def __init__(self, config: Config) -> None:
+        self._configured = retention_policy(config)
+        self._overrides: dict[bytes, tuple[int | None, int | None]] = {}
+
+    @property
+    def active(self) -> bool:
+        """Whether any topic may have records to delete."""
+        return self._configured is not None or bool(self._overrides)
+
+    def apply_entry(self, entry: TopicEntry) -> None:
+        """Take a topic's retention from its latest catalog entry."""
+        subject = entry.topic.encode()
+        values = (None, None) if entry.deleted else retention_values(entry.config)
+        overrides = dict(self._overrides)
+        if values == (None, None):
+            overrides.pop(subject, None)
+        else:
+            overrides[subject] = values
+        self._overrides = overrides
+
+    def __call__(self, subject: bytes) -> Retention:
+        base = self._configured(subject) if self._configured is not None else Retention()
+        override = self._overrides.get(subject)
+        if override is None:
+            return base
+        ms, size = override
+        return Retention(base.ms if ms is None else ms, base.bytes if size is None else size)
 
 
 class Store:
@@ -133,12 +180,18 @@ class Store:
         self.verbose = config.get_bool("store/verbose")
         # Every setting is read before anything is opened: a bad value must not leave the
         # DB locked or the actors running.
-        policy = retention_policy(config)
+        self.retention = RetentionPolicy(config)
         interval = max(1, config.get_int("store/retention/check_interval", 300_000))
         self.push = HeadPush(
             config.get_int("store/push_heads/interval"), config.get_int("store/push_heads/duration")
         )
         self.storage = Storage(config.get("store/db"), sync=config.get_int("store/sync", 1) != 0)
+        self.catalog = Catalog()
+        try:
+            self._load_catalog()
+        except BaseException:
+            self.storage.close()
+            raise
         self._closed = False
         self._lock = threading.Lock()
         self._stop_retention = threading.Event()
@@ -155,14 +208,14 @@ class Store:
             self.storage.close()
             self._closed = True
             raise
-        if policy is not None:
-            self._retention_thread = threading.Thread(
-                target=self._retain,
-                args=(policy, interval / 1000),
-                name="dafka-store-retention",
-                daemon=True,
-            )
-            self._retention_thread.start()
+        # Always: the catalog may give a topic a retention at any time.
+        self._retention_thread = threading.Thread(
+            target=self._retain,
+            args=(self.retention, interval / 1000),
+            name="dafka-store-retention",
+            daemon=True,
+        )
+        self._retention_thread.start()
 
     @property
     def writer_port(self) -> int:
@@ -191,8 +244,20 @@ class Store:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _retain(self, policy: Callable[[bytes], Retention], interval: float) -> None:
+    def _load_catalog(self) -> None:
+        """The retention overrides of the catalog this store holds (deletions were
+        applied when they were stored)."""
+        subject = TOPICS_TOPIC.encode()
+        for partition, _ in self.storage.heads(subject):
+            for _, content in self.storage.records(subject, partition):
+                self.catalog.apply(content)
+        for entry in self.catalog.entries():
+            self.retention.apply_entry(entry)
+
+    def _retain(self, policy: RetentionPolicy, interval: float) -> None:
         while not self._stop_retention.wait(interval):
+            if not policy.active:
+                continue
             try:
                 deleted = self.storage.apply_retention(policy, wall_ms())
             except Exception:
@@ -286,6 +351,7 @@ class _Partition:
     __slots__ = (
         "ack_prefix",
         "body_size",
+        "catalog",
         "fetch_prefix",
         "gap",
         "head",
@@ -313,6 +379,7 @@ class _Partition:
         self.retry_since = 0  # … and when (now_ms clock)
         self.saved: tuple[int, int] | None = None  # (head, total) before this batch
         self.key_prefix = partition_prefix(b"M", self.subject_b, self.partition_b)
+        self.catalog = subject == TOPICS_TOPIC  # its records are applied when stored
         # version byte + address string + subject string of a (DIRECT_)RECORD's frame 1
         self.body_size = 3 + len(self.partition_b) + len(self.subject_b)
         # Frames minus their trailing numbers, built once with the codec.
@@ -336,6 +403,7 @@ class _Writer(_Actor):
         self.partitions: dict[tuple[str, str], _Partition] = {}
         self.by_body: dict[bytes, _Partition] = {}  # raw record body -> partition
         self.gapped: set[_Partition] = set()
+        self.deleted: list[tuple[bytes, int]] = []  # topics deleted in this batch
 
     def _open(self) -> list[zmq.Socket]:
         ctx = self.context
@@ -479,6 +547,8 @@ class _Writer(_Actor):
                 put(part.key_prefix + pack(seq), content)
                 part.head = seq
                 part.total += len(content)
+                if part.catalog:
+                    self._on_catalog(batch, content)
             elif seq > head:
                 self._fetch_gap(part, seq)
 
@@ -529,6 +599,22 @@ class _Writer(_Actor):
             # is staged in this batch, the batch's own ACK covers it.)
             self.pub.send(part.ack_prefix + _PACK_SEQ(part.head))
 
+    def _on_catalog(self, batch: WriteBatch, content: bytes) -> None:
+        """A topic catalog record is being stored: apply it in the same batch."""
+        entry = self.store.catalog.apply(content, again=True)
+        if entry is None:
+            return
+        self.store.retention.apply_entry(entry)
+        if not entry.deleted or entry.topic.startswith(INTERNAL_PREFIX):
+            return
+        subject = entry.topic.encode()
+        states = self.storage.partition_states(subject)
+        for part in self.partitions.values():
+            if part.subject_b == subject and part.head != _NONE:
+                states[part.partition_b] = PartitionState(part.head, part.total)
+        self.storage.stage_delete_topic(batch, subject, states, wall_ms())
+        self.deleted.append((subject, len(states)))
+
     def _fetch_gap(self, part: _Partition, known: int) -> None:
         """`known` exists beyond our head: FETCH from head + 1 and retry until filled."""
         now = now_ms()
@@ -572,6 +658,7 @@ class _Writer(_Actor):
         except Exception:
             # Nothing was written: forget the staged heads so the records are fetched again.
             log.exception("dafka store write failed; records will be fetched again")
+            self.deleted = []
             for part in touched:
                 if part.saved is not None:
                     part.gap = max(part.gap, part.head)  # known to exist: fetch it again
@@ -583,6 +670,17 @@ class _Writer(_Actor):
         for part in touched:
             part.saved = None
             send(part.ack_prefix + _PACK_SEQ(part.head))
+        deleted, self.deleted = self.deleted, []
+        for subject, partitions in deleted:
+            log.info(
+                "dafka store deleted a topic (rafka-topics)",
+                topic=subject.decode(errors="replace"),
+                partitions=partitions,
+            )
+            try:
+                self.storage.compact_topic(subject)
+            except Exception:  # the records are gone already; only the space is not back
+                log.exception("dafka store could not compact a deleted topic")
         push = self.store.push
         if push.watching:
             push.changed((part.subject, part.partition, part.head) for part in touched)

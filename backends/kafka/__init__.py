@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from backends.base import Engine, EngineOptions, EngineSettings, Stats
+from backends.base import Admin, Engine, EngineOptions, EngineSettings, Stats
 from backends.kafka import settings as _settings
 from backends.kafka.settings import KafkaSettings
 
@@ -33,3 +33,9 @@ def _own(settings: EngineSettings) -> KafkaSettings:
     if not isinstance(settings, KafkaSettings):  # another engine's: a bug, not a config error
         raise TypeError(f"not Kafka settings: {type(settings).__name__}")
     return settings
+
+
+def admin(settings: EngineSettings, options: EngineOptions) -> Admin:
+    from backends.kafka.admin import KafkaAdmin
+
+    return KafkaAdmin(_own(settings), options)

@@ -1,0 +1,131 @@
+"""The store applies the topic catalog (`__rafka_topics`, written by rafka-topics) as it
+stores it: per-topic retention overrides, and deletion of a topic's records."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import zmq
+
+from backends.dafka.catalog import TOPICS_TOPIC, Catalog, TopicEntry, created, deleted
+from backends.dafka.config import Config
+from backends.dafka.storage import Retention, Storage
+from backends.dafka.store import RetentionPolicy, Store
+from backends.dafka.test_peer import TestPeer
+from backends.dafka.tower import Tower
+from tests.dafka.test_store import direct_records_of, link, recv_until_ack, store_records
+from tests.support.waiting import wait_until
+
+
+@pytest.fixture
+def store_config(dafka_config: Config) -> Config:
+    dafka_config.set("store/fetch_retry_interval", 100)
+    return dafka_config
+
+
+def catalog_record(peer: TestPeer, seq: int, entry: TopicEntry) -> None:
+    peer.send_record(TOPICS_TOPIC, seq, entry.encode())
+    recv_until_ack(peer, TOPICS_TOPIC, seq)
+
+
+def test_entries_round_trip_and_the_latest_wins() -> None:
+    entry = created("orders", 3, {"retention.ms": "60000"})
+    assert TopicEntry.decode(entry.encode()) == entry
+    catalog = Catalog()
+    assert catalog.apply(entry.encode()) == entry
+    assert catalog.apply(entry.encode()) is None, "an entry read again is no news"
+    assert catalog.partitions("orders") == 3
+    older = TopicEntry("orders", 0, deleted=True, unix_ms=entry.unix_ms - 1)
+    assert catalog.apply(older.encode()) is None, "an older entry must not win"
+    gone = deleted("orders", {"A" * 32: 4})
+    assert catalog.apply(gone.encode()) == gone
+    assert catalog.partitions("orders") is None
+    assert catalog.apply(b"{not json") is None
+    assert catalog.apply(b'{"topic": "x", "partitions": -1}') is None
+
+
+def test_retention_policy_takes_catalog_overrides() -> None:
+    policy = RetentionPolicy(Config({"store/retention/ms": 1000}))
+    assert policy(b"t") == Retention(ms=1000)
+    policy.apply_entry(created("t", 1, {"retention.bytes": "50"}))
+    assert policy(b"t") == Retention(ms=1000, bytes=50)
+    assert policy(b"u") == Retention(ms=1000)
+    assert policy(TOPICS_TOPIC.encode()).forever, "the catalog itself is kept"
+    policy.apply_entry(deleted("t", {}))
+    assert policy(b"t") == Retention(ms=1000)
+    forever = RetentionPolicy(Config())
+    assert not forever.active
+    forever.apply_entry(created("t", 1, {"retention.ms": "5"}))
+    assert forever.active and forever(b"t") == Retention(ms=5)
+
+
+def test_delete_drops_records_keeps_heads_and_the_partition_continues(
+    store_config: Config, tower: Tower, test_peer: TestPeer
+) -> None:
+    with Store(store_config, zmq.Context.instance()) as store:
+        link(test_peer, store)
+        store_records(test_peer, "sentinel", [b"end"])
+        store_records(test_peer, "doomed", [b"d%d" % i for i in range(5)])
+        store_records(test_peer, "kept", [b"k0", b"k1"])
+        partition = test_peer.address.encode()
+        catalog_record(test_peer, 0, deleted("doomed", {test_peer.address: 4}))
+        assert list(store.storage.records(b"doomed", partition)) == []
+        assert store.storage.head(b"doomed", partition) == 4, "offsets are never reused"
+        assert list(store.storage.records(b"kept", partition)) == [(0, b"k0"), (1, b"k1")]
+        # A deleted record offered again (another store's copy) is not taken back.
+        test_peer.send_record("doomed", 3, b"d3")
+        # The partition continues after its head.
+        test_peer.send_record("doomed", 5, b"new")
+        assert recv_until_ack(test_peer, "doomed", 5)[-1] == 5
+        assert list(store.storage.records(b"doomed", partition)) == [(5, b"new")]
+        # A FETCH from 0 is answered from the oldest record kept.
+        assert direct_records_of(test_peer, "doomed", 0, 3) == [(5, b"new")]
+
+
+def test_catalog_retention_applies_and_survives_a_restart(
+    store_config: Config, tower: Tower, test_peer: TestPeer
+) -> None:
+    store_config.set("store/retention/check_interval", 20)
+    partition = test_peer.address.encode()
+    with Store(store_config, zmq.Context.instance()) as store:
+        link(test_peer, store)
+        catalog_record(test_peer, 0, created("capped", 1, {"retention.bytes": "30"}))
+        store_records(test_peer, "capped", [b"%010d" % i for i in range(10)])
+        store_records(test_peer, "free", [b"%010d" % i for i in range(10)])
+        wait_until(
+            lambda: store.storage.tail(b"capped", partition) == 7,
+            5,
+            "the catalog's retention.bytes 30 did not keep the newest 3 records",
+        )
+        assert store.storage.tail(b"free", partition) == 0
+    with Store(store_config, zmq.Context.instance()) as again:
+        link(test_peer, again, nth=2)
+        for seq in range(10, 13):
+            test_peer.send_record("capped", seq, b"%010d" % seq)
+        recv_until_ack(test_peer, "capped", 12)
+        wait_until(
+            lambda: again.storage.tail(b"capped", partition) == 10,
+            5,
+            "the restarted store forgot the catalog's retention",
+        )
+
+
+def test_storage_delete_topic_and_retention_after_it(tmp_path: Path) -> None:
+    with Storage(tmp_path / "db") as storage:
+        batch = storage.new_batch()
+        for seq in range(4):
+            batch.put(b"Mt\0p\0" + seq.to_bytes(8, "big"), b"0123456789")
+        storage.stage_partition(batch, b"t", b"p", 3, 40, 1000)
+        storage.commit(batch)
+        assert storage.delete_topic(b"t", 2000) == 1
+        assert list(storage.records(b"t", b"p")) == []
+        assert storage.head(b"t", b"p") == 3
+        # Written again: the size retention counts the new records only.
+        batch = storage.new_batch()
+        for seq in range(4, 7):
+            batch.put(b"Mt\0p\0" + seq.to_bytes(8, "big"), b"0123456789")
+        storage.stage_partition(batch, b"t", b"p", 6, 70, 3000)
+        storage.commit(batch)
+        assert storage.trim(b"t", b"p", 6, Retention(bytes=20), 4000) == 1
+        assert storage.tail(b"t", b"p") == 5
