@@ -9,7 +9,8 @@ PORT ?= 6380
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: run test venv system-packages lint typecheck compose-check pytest bench bench-dafka clean
+.PHONY: run test test-fast venv system-packages lint typecheck compose-check pytest bench \
+	bench-dafka clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -61,6 +62,10 @@ pytest: venv system-packages
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 test: system-packages venv lint typecheck compose-check pytest
+
+# Every test that needs no broker (the Kafka ones are skipped): a quick check while working.
+test-fast: venv system-packages
+	$(BIN)/pytest --no-broker -rfE $(PYTEST_ARGS)
 
 # The gateway on both engines, next to references measured in the same run (about 5 min).
 # `make bench BENCH_ARGS="--engine dafka"`: one engine; `--help` for the rest.

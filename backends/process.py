@@ -235,16 +235,11 @@ class Child:
                     if stream in (None, source) and (match := regex.search(line)):
                         return match
                 scanned = self._count
-                if self._exited.is_set():
-                    raise self._error(
-                        f"exited ({self._status()}) before printing {regex.pattern!r}"
-                    )
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise self._error(
-                        f"printed no line matching {regex.pattern!r} within {timeout:g} s"
-                    )
-                self._changed.wait(remaining)
+                self._wait_for_output(
+                    deadline,
+                    exited=f"before printing {regex.pattern!r}",
+                    late=f"printed no line matching {regex.pattern!r} within {timeout:g} s",
+                )
 
     def wait_lines(self, count: int, timeout: float, stream: str = "stdout") -> list[str]:
         """The kept lines of `stream` once it has printed at least `count` lines.
@@ -253,17 +248,22 @@ class Child:
         deadline = time.monotonic() + timeout
         with self._changed:
             while (printed := self._printed[stream]) < count:
-                if self._exited.is_set():
-                    raise self._error(
-                        f"exited ({self._status()}) after {printed} of {count} lines on {stream}"
-                    )
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise self._error(
-                        f"printed {printed} of {count} lines on {stream} within {timeout:g} s"
-                    )
-                self._changed.wait(remaining)
+                self._wait_for_output(
+                    deadline,
+                    exited=f"after {printed} of {count} lines on {stream}",
+                    late=f"printed {printed} of {count} lines on {stream} within {timeout:g} s",
+                )
             return list(self._lines[stream])
+
+    def _wait_for_output(self, deadline: float, *, exited: str, late: str) -> None:
+        """Holding `_changed`: wait for more output, or raise saying what did not come
+        (`exited`: after the exit status, if the child exited; `late`: past `deadline`)."""
+        if self._exited.is_set():
+            raise self._error(f"exited ({self._status()}) {exited}")
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise self._error(late)
+        self._changed.wait(remaining)
 
     def wait_ready(self, ready: Ready, timeout: float) -> re.Match[str] | None:
         """Wait until the child is ready: a line matching `ready` (returned), or `ready()`

@@ -56,10 +56,11 @@ from backends.dafka.tools.perf_store import STAMP
 from backends.kafka.settings import KafkaSettings, parse_settings
 from backends.process import ProcessError
 from backends.settings import json_decoder
-from e2e.helpers import Program, RafkaProcess, write_config
+from tests.support.dafka_programs import Program
 from tests.support.kafka import kafka_document
+from tests.support.rafka_process import RafkaProcess, write_config
 from tests.support.tansu import TansuBroker, free_port
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 SIZE = 100  # bytes per record
 VALUE = "x" * SIZE

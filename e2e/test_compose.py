@@ -53,7 +53,7 @@ from backends.dafka.embedded import STORE_READY
 from backends.dafka.storage import Storage
 from backends.process import Child, ProcessError, spawn
 from gateway.config import Config as GatewayConfig
-from gateway.resp_server import ABANDON_GRACE
+from gateway.server import ABANDON_GRACE
 from tests.support.tansu import TansuBroker, free_port
 
 REPO = Path(__file__).resolve().parent.parent
@@ -496,7 +496,7 @@ def test_a_bad_override_is_refused_with_a_message_naming_the_problem(
 
 def test_stop_grace_periods_cover_the_gateway_shutdown() -> None:
     # The drain is bounded by gateway.shutdown_timeout; after it, connections and then the
-    # engine get ABANDON_GRACE each (gateway/resp_server.py).
+    # engine get ABANDON_GRACE each (gateway/server.py).
     bound = GatewayConfig().shutdown_timeout + 2 * ABANDON_GRACE
     local = Local(compose(), Path("/nonexistent"))
     gateways = [
@@ -567,6 +567,7 @@ def test_dafka_profile_a_tower_two_stores_and_a_joined_gateway(local: Local) -> 
         assert sum(head + 1 for _, head in heads) == 10, f"{volume}: {heads}"
 
 
+@pytest.mark.kafka  # a Tansu broker stands in for the kafka service
 def test_kafka_profile_gateway_on_a_tansu_broker(local: Local) -> None:
     local.up("rafka-kafka")  # `kafka` is a Tansu broker on its port
     assert local.health_output["rafka-kafka"] == "PONG"

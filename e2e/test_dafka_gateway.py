@@ -14,19 +14,11 @@ from typing import Any
 import pytest
 import redis
 
-from e2e.helpers import (
-    RAFKA,
-    WAIT,
-    Program,
-    RafkaProcess,
-    consume,
-    dafka_document,
-    drain,
-    produce,
-    zpl,
-)
+from e2e.helpers import WAIT, consume, dafka_document, drain, produce
+from tests.support.dafka_programs import Program, zpl
+from tests.support.rafka_process import RAFKA, RafkaProcess
 from tests.support.tansu import free_port
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 
 def write(path: Path, document: dict[str, Any]) -> Path:

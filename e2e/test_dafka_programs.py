@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from rocksdict import AccessType, Options, Rdict
 
-from e2e.helpers import Program, zpl
+from tests.support.dafka_programs import Program, zpl
 from tests.support.tansu import free_port
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 
 def stored_heads(db: Path, topic: str) -> list[int] | None:

@@ -8,12 +8,14 @@ import socket
 import subprocess
 import sys
 
+import pytest
 import redis
 
-from e2e.helpers import REPO
+from tests.support.rafka_process import REPO
 from tests.support.tansu import free_port
 
 
+@pytest.mark.kafka
 def test_dev_run_serves_on_tansu_and_ctrl_c_stops_both() -> None:
     port = free_port()
     process = subprocess.Popen(

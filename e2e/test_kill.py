@@ -14,18 +14,10 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from e2e.helpers import (
-    WAIT,
-    DafkaDeployment,
-    Deployment,
-    KafkaDeployment,
-    RafkaProcess,
-    consume,
-    drain,
-    produce,
-)
+from e2e.helpers import WAIT, DafkaDeployment, Deployment, KafkaDeployment, consume, drain, produce
 from tests.support.engines import GATEWAY_ENGINES
-from tests.waiting import wait_until
+from tests.support.rafka_process import RafkaProcess
+from tests.support.waiting import wait_until
 
 ROUNDS = 5
 

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from e2e.helpers import REPO, DafkaDeployment, Deployment, KafkaDeployment, RafkaProcess
+from e2e.helpers import DafkaDeployment, Deployment, KafkaDeployment
 from tests.support.engines import GATEWAY_ENGINES
+from tests.support.rafka_process import REPO, RafkaProcess
 
 RUBY_CLIENT = REPO / "clients" / "ruby-example" / "rafka_example.rb"
 
@@ -153,7 +154,7 @@ def test_sigterm_answers_blocked_consumer_and_exits_zero(
         port=server.port,
         protocol=2,
         # A group of its own: Tansu 0.6.0 wedges a group whose members leave together
-        # (see tests/test_gateway_kafka.py E8), and other tests shut down consumers too.
+        # (see tests/kafka/test_gateway_kafka.py E8), and other tests shut down consumers too.
         client_name=f"shutdown-{uuid.uuid4().hex[:8]}:down",
         socket_timeout=None,
     )

@@ -17,9 +17,11 @@ import pytest
 import redis
 from rocksdict import AccessType, Options, Rdict
 
-from e2e.helpers import BIN, Program, RafkaProcess, dafka_document, write_config, zpl
+from e2e.helpers import dafka_document
+from tests.support.dafka_programs import BIN, Program, zpl
+from tests.support.rafka_process import RafkaProcess, write_config
 from tests.support.tansu import TansuBroker, free_port
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 TOPICS = BIN / "rafka-topics"
 WAIT = 20.0

@@ -5,14 +5,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from backends.base import Engine, Stats
+from gateway.clients import ClientIds
 from gateway.config import Config
 from gateway.monitor import MonitorHub
-
-if TYPE_CHECKING:
-    from gateway.session import Session
 
 
 @dataclass
@@ -21,8 +18,8 @@ class ServerContext:
     engine: Engine
     stats: Stats
     monitors: MonitorHub = field(default_factory=MonitorHub)
-    # Client id -> session, for SETNAME uniqueness. Ids of live connections only.
-    clients: dict[str, Session] = field(default_factory=dict)
+    # The ids of live connections, for SETNAME uniqueness.
+    clients: ClientIds = field(default_factory=ClientIds)
     # Resolved once, when shutdown begins: BLPOPs answer `CONS Server shutdown` from then
     # on. A future (not an Event) so that a waiting BLPOP needs no extra task.
     shutdown_started: asyncio.Future[None] = field(

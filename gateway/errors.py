@@ -3,9 +3,22 @@
 A handler raises `RespError`; the server turns it into `-<text>\\r\\n`. Rafka's own texts
 carry a `CONS ` (consumer path), `PROD ` (producer path) or `ERR ` prefix, and none for
 unsupported commands; the Redis texts we added for HELLO/AUTH/SELECT are Redis's own.
+`from_engine` is the one table from an engine's errors to these texts.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+
+from backends.base import (
+    AckError,
+    ConsumeError,
+    EngineError,
+    MetadataClientError,
+    MetadataError,
+    ProduceError,
+    ProducerCreationError,
+)
 
 
 class RespError(Exception):
@@ -263,3 +276,28 @@ def max_clients_reached() -> RespError:
 
 def internal_error() -> RespError:
     return err("internal error, see the server log")
+
+
+# --- Engine errors (backends.base) --------------------------------------------------------
+
+# What a client reads for each engine error; the engine's text is the cause. The first
+# match wins, so a subclass comes before its base. ConsumerCreationError is not here:
+# Rafka's text for a failed consumer registration names the consumer and the client, not
+# the cause (consumer_registration_failed; the cause goes to the log).
+ENGINE_ERRORS: tuple[tuple[type[EngineError], Callable[[str], RespError]], ...] = (
+    (ProducerCreationError, producer_spawn_failed),
+    (ProduceError, produce_refused),
+    (ConsumeError, poll_failed),
+    (AckError, ack_refused),
+    (MetadataClientError, metadata_client_failed),
+    (MetadataError, metadata_failed),
+)
+
+
+def from_engine(error: EngineError) -> RespError:
+    """The error reply for `error`; an engine error without a text here is a bug (the
+    server answers its internal error and logs it)."""
+    for kind, make in ENGINE_ERRORS:
+        if isinstance(error, kind):
+            return make(str(error))
+    raise TypeError(f"no RESP text for {type(error).__name__}: {error}") from error

@@ -1,4 +1,9 @@
-"""Run a gateway in a background thread with its own event loop (tests, benchmarks, e2e).
+"""Running a gateway: start-up, serving until a signal (the CLI), or in a thread.
+
+`start_server` makes and starts the engine the configuration names, then listens;
+`serve_until_signal` is the `rafka` command's life after that: serve until SIGTERM or
+SIGINT, then shut down. `ServerThread` runs a gateway on an event loop of its own in a
+background thread (tests, benchmarks):
 
     with ServerThread(config) as server:
         redis.Redis(port=server.port).ping()
@@ -9,16 +14,60 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import threading
 from collections.abc import Coroutine
-from types import TracebackType
 from typing import Any, TypeVar
 
-from backends.base import Engine
+import structlog
+
+from backends.base import Engine, Stats
+from backends.registry import engine_entry
 from gateway.config import Config
-from gateway.resp_server import Server, start_server
+from gateway.context import ServerContext
+from gateway.server import Server
+
+log = structlog.get_logger("rafka.gateway.server")
 
 T = TypeVar("T")
+
+
+async def start_server(config: Config, *, engine: Engine | None = None) -> Server:
+    """Start the engine (the one `config` names, unless given) and listen; the caller
+    owns the Server and calls shutdown()."""
+    stats = engine.stats if engine is not None else Stats()
+    if engine is None:
+        entry = engine_entry(config.engine)
+        engine = entry.create(config.engine_settings, stats, config.engine_options())
+    await engine.start()
+    server = Server(ServerContext(config=config, engine=engine, stats=stats))
+    try:
+        await server.start()
+    except BaseException:
+        await engine.stop()
+        raise
+    return server
+
+
+async def serve_until_signal(server: Server) -> None:
+    """Serve until SIGTERM or SIGINT, then shut down (a second signal is only logged)."""
+    loop = asyncio.get_running_loop()
+    stop = loop.create_future()
+
+    def on_signal(signum: int) -> None:
+        if stop.done():
+            log.info("shutdown already in progress", signal=signal.Signals(signum).name)
+        else:
+            stop.set_result(None)
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, on_signal, signum)
+    try:
+        await stop
+        await server.shutdown()
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
 
 
 class ServerThread:
@@ -75,10 +124,5 @@ class ServerThread:
     def __enter__(self) -> ServerThread:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()

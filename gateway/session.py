@@ -50,8 +50,7 @@ class Session:
         # The connection, as the writer of MONITOR output (set by the server).
         self.writer: Writer | None = None
         self._closed = False
-        # An unnamed id cannot displace a client that SETNAMEd to the same text.
-        ctx.clients.setdefault(self.id, self)
+        ctx.clients.add(self.id, self)
 
     @property
     def closed(self) -> bool:
@@ -69,26 +68,22 @@ class Session:
             raise errors.id_already_set(self.id)
         if ":" not in name:
             raise errors.cannot_parse_group()
-        self._unregister()
+        self.ctx.clients.release(self.id, self)
         self.id = name
         self.name_set = True
         parts = name.split(":", 2)
         self.group = parts[0]
         self.client_name = parts[1]
-        self.ctx.clients[name] = self
+        self.ctx.clients.add(name, self)
 
     def start_monitor(self, monitor: Monitor) -> None:
         self.monitoring = True
         self.ctx.monitors.add(self.number, monitor)
 
-    def _unregister(self) -> None:
-        if self.ctx.clients.get(self.id) is self:
-            del self.ctx.clients[self.id]
-
     def release_registrations(self) -> None:
         """Give up the id and the monitor registration at once, without awaiting: for a
         connection abandoned at the shutdown bound, whose close() may never run."""
-        self._unregister()
+        self.ctx.clients.release(self.id, self)
         if self.monitoring:
             self.ctx.monitors.discard(self.number)
 
@@ -97,7 +92,7 @@ class Session:
         if self._closed:
             return
         self._closed = True
-        self._unregister()
+        self.ctx.clients.release(self.id, self)
         if self.monitoring:
             await self.ctx.monitors.remove(self.number)
         consumer, self.consumer = self.consumer, None

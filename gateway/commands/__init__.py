@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gateway import errors
-from gateway.commands.base import CommandSpec, Reply, text
+from gateway.commands.base import Answer, CommandSpec, text
 from gateway.commands.table import COMMANDS
 from gateway.session import Session
 
@@ -17,7 +17,7 @@ _BY_SPELLING: dict[bytes, CommandSpec] = {
 }
 
 
-def dispatch(session: Session, args: list[bytes]) -> Reply:
+def dispatch(session: Session, args: list[bytes]) -> Answer:
     """Run one command: its reply, or an awaitable for commands that wait.
 
     Raises errors.RespError for an error reply.

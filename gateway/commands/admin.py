@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from backends.base import MetadataClientError, MetadataError
+from backends.base import MetadataError
 from gateway import errors
-from gateway.commands.base import Reply, arg, text
+from gateway.commands.base import Answer, Reply, arg, text
 from gateway.monitor import Monitor
 from gateway.resp import SimpleString
 from gateway.session import Session
@@ -29,7 +29,7 @@ def del_(session: Session, args: list[bytes]) -> Reply:
     return 1
 
 
-def keys(session: Session, args: list[bytes]) -> Reply:
+def keys(session: Session, args: list[bytes]) -> Answer:
     pattern = text(arg(args, 1))
     if pattern != "topics:":
         raise errors.expected_topics_argument(pattern)
@@ -39,10 +39,8 @@ def keys(session: Session, args: list[bytes]) -> Reply:
 async def _topics(session: Session) -> Reply:
     try:
         names = await session.ctx.engine.topics()
-    except MetadataClientError as error:
-        raise errors.metadata_client_failed(str(error)) from None
     except MetadataError as error:
-        raise errors.metadata_failed(str(error)) from None
+        raise errors.from_engine(error) from None
     return [f"topics:{name}".encode() for name in names]
 
 

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
 
+from gateway.resp import Reply
 from gateway.session import Session
 
-# A reply value as gateway.resp encodes it (SimpleString, ErrorReply, NULL_ARRAY, bytes,
-# str, int, None, list, dict, bool, float).
-Reply = Any
-# A handler answers at once, or returns an awaitable for commands that wait (BLPOP, DUMP);
-# it raises gateway.errors.RespError for an error reply.
-Handler = Callable[[Session, list[bytes]], Reply | Awaitable[Reply]]
+# What a handler returns: the reply, or an awaitable of it for commands that wait (BLPOP,
+# DUMP, KEYS). A handler raises gateway.errors.RespError for an error reply.
+Answer = Reply | Awaitable[Reply]
+Handler = Callable[[Session, list[bytes]], Answer]
 
 
 @dataclass(frozen=True)

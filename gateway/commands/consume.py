@@ -13,7 +13,7 @@ import structlog
 from backends.base import AckError, ConsumeError, Consumer, EngineError, Record
 from backends.settings import JsonNumber, json_decoder
 from gateway import errors
-from gateway.commands.base import Reply, arg, text
+from gateway.commands.base import Answer, Reply, arg, text
 from gateway.goparse import GoParseError, parse_int, wrap_int64
 from gateway.resp import NULL_ARRAY
 from gateway.session import Session
@@ -97,7 +97,7 @@ def record_reply(record: Record) -> Reply:
     ]
 
 
-def blpop(session: Session, args: list[bytes]) -> Reply:
+def blpop(session: Session, args: list[bytes]) -> Answer:
     """BLPOP topics:<t1,t2>[:<json>] [...] <timeout>, in Rafka's processing order."""
     ctx = session.ctx
     topics, settings = parse_topics_key(text(arg(args, 1)))
@@ -180,7 +180,7 @@ async def _next(session: Session, consumer: Consumer, timeout: float | None) -> 
             raise  # this BLPOP itself was cancelled (client gone): not a shutdown
         raise errors.server_shutdown() from None
     except ConsumeError as error:
-        raise errors.poll_failed(str(error)) from None
+        raise errors.from_engine(error) from None
     finally:
         stop.remove_done_callback(stop_waiting)
     if record is None:
@@ -219,5 +219,5 @@ def rpush(session: Session, args: list[bytes]) -> Reply:
         try:
             consumer.ack(topic, partition, offset)
         except AckError as error:
-            raise errors.ack_refused(str(error)) from None
+            raise errors.from_engine(error) from None
     return len(acks)

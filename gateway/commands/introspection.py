@@ -1,17 +1,16 @@
-"""COMMAND, COMMAND COUNT, COMMAND INFO, COMMAND DOCS: enough for redis-cli and clients."""
+"""COMMAND, COMMAND COUNT, COMMAND INFO, COMMAND DOCS: enough for redis-cli and clients.
+
+`describe` answers from the table it is given: the command table, which lists COMMAND
+itself, passes itself in (so this module needs nothing of it).
+"""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 from gateway import errors
 from gateway.commands.base import Argument, CommandSpec, Reply, arg, text
 from gateway.resp import SimpleString
-from gateway.session import Session
-
-
-def _table() -> dict[bytes, CommandSpec]:
-    from gateway.commands.table import COMMANDS  # the table imports this module
-
-    return COMMANDS
 
 
 def _info(spec: CommandSpec) -> Reply:
@@ -63,23 +62,27 @@ def _docs(spec: CommandSpec) -> Reply:
     }
 
 
-def _selected(args: list[bytes]) -> list[tuple[bytes, CommandSpec | None]]:
-    table = _table()
+def _selected(
+    table: Mapping[bytes, CommandSpec], args: list[bytes]
+) -> list[tuple[bytes, CommandSpec | None]]:
     if len(args) <= 2:
         return [(name, spec) for name, spec in table.items()]
     return [(name.upper(), table.get(name.upper())) for name in args[2:]]
 
 
-def command(session: Session, args: list[bytes]) -> Reply:
+def describe(table: Mapping[bytes, CommandSpec], args: list[bytes]) -> Reply:
+    """The reply to `COMMAND [COUNT | INFO [name ...] | DOCS [name ...]]` about `table`."""
     if len(args) == 1:
-        return [_info(spec) for spec in _table().values()]
+        return [_info(spec) for spec in table.values()]
     sub = text(arg(args, 1)).upper()
     if sub == "COUNT":
-        return len(_table())
+        return len(table)
     if sub == "INFO":
-        return [None if spec is None else _info(spec) for _, spec in _selected(args)]
+        return [None if spec is None else _info(spec) for _, spec in _selected(table, args)]
     if sub == "DOCS":
         return {
-            name.decode().lower(): _docs(spec) for name, spec in _selected(args) if spec is not None
+            name.decode().lower(): _docs(spec)
+            for name, spec in _selected(table, args)
+            if spec is not None
         }
     raise errors.not_supported(sub)

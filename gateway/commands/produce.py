@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from backends.base import ProduceError, Producer, ProducerCreationError
 from gateway import errors
-from gateway.commands.base import Reply, text
+from gateway.commands.base import Answer, Reply, text
 from gateway.goparse import GoParseError, parse_int
 from gateway.session import Session
 
@@ -15,7 +15,7 @@ def session_producer(session: Session) -> Producer:
         try:
             session.producer = session.ctx.engine.producer(session.id)
         except ProducerCreationError as error:
-            raise errors.producer_spawn_failed(str(error)) from None
+            raise errors.from_engine(error) from None
     return session.producer
 
 
@@ -54,11 +54,11 @@ def rpushx(session: Session, args: list[bytes]) -> Reply:
             # On a refusal the values before it stay enqueued, as with one call each.
             producer.produce_many(topic, key, args[2:])
     except ProduceError as error:
-        raise errors.produce_refused(str(error)) from None
+        raise errors.from_engine(error) from None
     return count
 
 
-def dump(session: Session, args: list[bytes]) -> Reply:
+def dump(session: Session, args: list[bytes]) -> Answer:
     """DUMP <timeout ms> -> how many of this session's records are still outstanding."""
     producer = session.producer
     if producer is None:

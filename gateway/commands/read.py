@@ -27,7 +27,7 @@ import re
 
 from backends.base import PartitionOffsets, ReadError, Record, UnknownPartitionError
 from gateway import errors
-from gateway.commands.base import Reply, text
+from gateway.commands.base import Answer, Reply, text
 from gateway.session import Session
 
 PARTITION_LIMIT = 2**31
@@ -97,7 +97,7 @@ async def _offsets(session: Session, topic: str, partition: int) -> PartitionOff
         raise errors.read_failed(str(error)) from None
 
 
-def llen(session: Session, args: list[bytes]) -> Reply:
+def llen(session: Session, args: list[bytes]) -> Answer:
     """LLEN topics:<topic>:<partition> -> the partition's next offset."""
     if len(args) != 2:
         raise errors.wrong_arity("llen")
@@ -109,7 +109,7 @@ async def _llen(session: Session, topic: str, partition: int) -> Reply:
     return (await _offsets(session, topic, partition)).next
 
 
-def lrange(session: Session, args: list[bytes]) -> Reply:
+def lrange(session: Session, args: list[bytes]) -> Answer:
     """LRANGE topics:<topic>:<partition> <start> <stop> -> records by offset."""
     if len(args) != 4:
         raise errors.wrong_arity("lrange")

@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 from gateway.commands import admin, connection, consume, introspection, produce, read
-from gateway.commands.base import Argument, CommandSpec
+from gateway.commands.base import Argument, CommandSpec, Reply
+from gateway.session import Session
+
+
+def command(session: Session, args: list[bytes]) -> Reply:
+    """COMMAND describes this table, which is complete by the time a client asks."""
+    return introspection.describe(COMMANDS, args)
+
 
 _SPECS = (
     CommandSpec(
@@ -184,7 +191,7 @@ _SPECS = (
     ),
     CommandSpec(
         "COMMAND",
-        introspection.command,
+        command,
         -1,
         ("loading", "stale"),
         "Describe the commands: COMMAND [COUNT | INFO [name ...] | DOCS [name ...]]",

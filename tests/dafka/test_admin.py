@@ -25,7 +25,7 @@ from backends.dafka.engine import DafkaEngine
 from backends.dafka.store import Store
 from backends.dafka.tower import Tower
 from tests.dafka.test_engine import engine_on, settings_for, take
-from tests.waiting import wait_until_async
+from tests.support.waiting import wait_until_async
 
 WAIT = 10.0
 

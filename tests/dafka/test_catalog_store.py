@@ -15,7 +15,7 @@ from backends.dafka.store import RetentionPolicy, Store
 from backends.dafka.test_peer import TestPeer
 from backends.dafka.tower import Tower
 from tests.dafka.test_store import direct_records_of, link, recv_until_ack, store_records
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 
 @pytest.fixture

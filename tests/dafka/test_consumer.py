@@ -22,7 +22,7 @@ from backends.dafka.consumer import Consumer, DafkaRecord
 from backends.dafka.producer import Producer
 from backends.dafka.test_peer import TestPeer
 from backends.dafka.tower import Tower
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 ConsumerFactory = Callable[..., Consumer]
 

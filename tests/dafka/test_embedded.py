@@ -27,8 +27,8 @@ from backends.dafka.embedded import (
 )
 from backends.dafka.producer import Producer
 from backends.process import start
-from tests.processes import listening_addresses, pid_gone
-from tests.waiting import wait_until
+from tests.support.processes import listening_addresses, pid_gone
+from tests.support.waiting import wait_until
 
 STORE = "dafka-stored-0"
 PR_CAPBSET_DROP, CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH = 24, 1, 2

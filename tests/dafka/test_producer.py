@@ -20,7 +20,7 @@ from backends.dafka.config import Config
 from backends.dafka.producer import Producer
 from backends.dafka.test_peer import TestPeer
 from backends.dafka.tower import Tower
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 
 def make_producer(

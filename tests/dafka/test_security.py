@@ -21,7 +21,7 @@ from backends.dafka.settings import DafkaSettings
 from backends.dafka.store import Store
 from backends.dafka.tools.keygen import main as keygen
 from backends.dafka.tower import Tower
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 
 @pytest.fixture

@@ -29,7 +29,7 @@ from backends.dafka.storage import Retention, Storage
 from backends.dafka.store import Store, retention_policy
 from backends.dafka.test_peer import TestPeer
 from backends.dafka.tower import Tower
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from gateway.runner import ServerThread
 from tests.support.fixtures import GatewayConfig
 from tests.support.gateway import client, group_state, running
 from tests.support.tansu import TansuBroker
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from gateway import logs
 from gateway.config import Config, from_dict
-from gateway.resp_server import start_server
+from gateway.runner import serve_until_signal, start_server
 from tests.support.tansu import TansuBroker
 
 
@@ -41,7 +41,7 @@ async def _serve(config: Config, bootstrap: str) -> None:
         f"{bootstrap}); Ctrl-C stops",
         flush=True,
     )
-    await server.serve_until_signal()
+    await serve_until_signal(server)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,4 +1,9 @@
-"""The fixtures every test directory shares (a pytest plugin, loaded by conftest.py)."""
+"""The fixtures every test directory shares (a pytest plugin, loaded by conftest.py).
+
+`pytest --no-broker` (`make test-fast`) skips every test that needs a Kafka broker: those
+marked `kafka`, and those that ask for the `tansu` fixture, however indirectly (an
+engine factory asks for it only when the Kafka engine's turn comes).
+"""
 
 from __future__ import annotations
 
@@ -13,10 +18,27 @@ from tests.support.engines import FACTORIES, EngineFactory
 from tests.support.redis_server import RedisServer
 from tests.support.tansu import TansuBroker
 
+NO_BROKER = "needs a Kafka broker (--no-broker)"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--no-broker", action="store_true", help="skip the tests that need a Kafka broker"
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("no_broker"):
+        for item in items:
+            if item.get_closest_marker("kafka") is not None:
+                item.add_marker(pytest.mark.skip(reason=NO_BROKER))
+
 
 @pytest.fixture(scope="session")
-def tansu() -> Iterator[TansuBroker]:
+def tansu(request: pytest.FixtureRequest) -> Iterator[TansuBroker]:
     """One Tansu broker for the whole run; tests use their own random topic names."""
+    if request.config.getoption("no_broker"):
+        pytest.skip(NO_BROKER)
     with TansuBroker() as broker:
         yield broker
 

@@ -1,6 +1,17 @@
-"""The one configuration the tests, e2e and benchmarks give the Kafka engine on Tansu."""
+"""The Kafka engine as the tests configure it: the one configuration the tests, e2e and
+benchmarks give it on Tansu, and a running engine on that configuration."""
 
 from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from backends.base import EngineOptions, Stats
+from backends.kafka.consumer import BATCH
+from backends.kafka.engine import KafkaEngine
+from backends.kafka.settings import KafkaSettings, parse_settings
+from backends.settings import json_decoder
 
 
 def kafka_document(bootstrap: str) -> dict[str, dict[str, object]]:
@@ -29,3 +40,35 @@ def kafka_document(bootstrap: str) -> dict[str, dict[str, object]]:
             "topic.metadata.propagation.max.ms": 200,
         },
     }
+
+
+def kafka_settings(
+    bootstrap: str, producer: dict[str, str] | None = None, consumer: dict[str, str] | None = None
+) -> KafkaSettings:
+    """The tests' Kafka settings (tests/support/kafka.py), with `producer` and `consumer`
+    properties over them."""
+    document = kafka_document(bootstrap)
+    document["producer"].update(producer or {})
+    document["consumer"].update(consumer or {})
+    decoded = json_decoder().decode(json.dumps(document))  # as from a file
+    return parse_settings(decoded)
+
+
+@asynccontextmanager
+async def running_engine(
+    bootstrap: str,
+    producer: dict[str, str] | None = None,
+    consumer: dict[str, str] | None = None,
+    metadata_timeout: float = 5.0,
+    consume_batch: int = BATCH,
+) -> AsyncIterator[KafkaEngine]:
+    engine = KafkaEngine(
+        Stats(),
+        kafka_settings(bootstrap, producer, consumer),
+        EngineOptions(metadata_timeout=metadata_timeout, consume_batch=consume_batch),
+    )
+    await engine.start()
+    try:
+        yield engine
+    finally:
+        await engine.stop()

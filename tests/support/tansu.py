@@ -12,7 +12,6 @@ import socket
 import subprocess
 import time
 from pathlib import Path
-from types import TracebackType
 
 
 def tansu_binary() -> Path:
@@ -104,10 +103,5 @@ class TansuBroker:
         self.start()
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()

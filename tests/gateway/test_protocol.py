@@ -24,7 +24,7 @@ from gateway.runner import ServerThread
 from tests.support.engines import GATEWAY_ENGINES
 from tests.support.fixtures import GatewayConfig
 from tests.support.gateway import Raw, client, running
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 
 @pytest.fixture(scope="module", params=["memory", *GATEWAY_ENGINES])

@@ -1,4 +1,4 @@
-"""The sans-IO RESP layer: request bytes -> commands, reply values -> bytes.
+"""Request bytes -> commands: multibulk framing, limits, and the two parsers agreeing.
 
 Every parser test runs over both implementations (pure Python and hiredis-backed), and
 most feed the input whole, byte by byte and split in two at every position: the results
@@ -8,86 +8,28 @@ must not depend on how the bytes arrive.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.resp import (
-    NULL_ARRAY,
-    ErrorReply,
     HiredisRequestParser,
     ParserLimits,
     ProtocolError,
     PythonRequestParser,
-    Reply,
-    RequestParser,
-    SimpleString,
-    encode,
     encode_many,
     make_parser,
 )
-
-Outcome = tuple[list[list[bytes]], str | None]  # commands, then the error text if any
-MakeParser = Callable[..., RequestParser]
-
-DEFAULT_LIMITS = ParserLimits()
-RAFKA_LIMITS = ParserLimits(max_arguments=20)  # the original Rafka's argument limit
-
-
-@pytest.fixture(params=["python", "hiredis"])
-def make(request: pytest.FixtureRequest) -> MakeParser:
-    use_hiredis = request.param == "hiredis"
-
-    def factory(limits: ParserLimits = DEFAULT_LIMITS) -> RequestParser:
-        parser = make_parser(limits, use_hiredis=use_hiredis)
-        assert isinstance(parser, HiredisRequestParser if use_hiredis else PythonRequestParser)
-        return parser
-
-    return factory
-
-
-def feed_pieces(parser: RequestParser, pieces: list[bytes]) -> Outcome:
-    """Feed the pieces one read at a time, taking every complete command after each."""
-    commands: list[list[bytes]] = []
-    try:
-        for piece in pieces:
-            parser.feed(piece)
-            while (command := parser.get_command()) is not None:
-                commands.append(command)
-    except ProtocolError as error:
-        return commands, str(error)
-    return commands, None
-
-
-def parse(make: MakeParser, data: bytes, limits: ParserLimits = DEFAULT_LIMITS) -> Outcome:
-    """Parse data whole, byte by byte and in two reads split at every position; all the
-    ways must agree (only inputs under 2 kB get the every-position split)."""
-    whole = feed_pieces(make(limits), [data])
-    splits = [[data[i : i + 1] for i in range(len(data))]]
-    if len(data) < 2048:
-        splits += [[data[:i], data[i:]] for i in range(1, len(data))]
-    for pieces in splits:
-        assert feed_pieces(make(limits), pieces) == whole, f"split {[len(p) for p in pieces]}"
-    return whole
-
-
-def commands_of(make: MakeParser, data: bytes, limits: ParserLimits = DEFAULT_LIMITS) -> list:
-    commands, error = parse(make, data, limits)
-    assert error is None, f"unexpected protocol error {error!r}"
-    return commands
-
-
-def error_of(make: MakeParser, data: bytes, limits: ParserLimits = DEFAULT_LIMITS) -> str:
-    commands, error = parse(make, data, limits)
-    assert error is not None, f"no protocol error; parsed {commands!r}"
-    return error
-
-
-def multibulk(*args: bytes) -> bytes:
-    return b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%b\r\n" % (len(a), a) for a in args)
-
+from tests.gateway.resp.parsing import (
+    RAFKA_LIMITS,
+    MakeParser,
+    commands_of,
+    error_of,
+    feed_pieces,
+    multibulk,
+    parse,
+)
 
 # --------------------------------------------------------------------------- multibulk
 
@@ -301,77 +243,7 @@ def test_many_pipelined_commands_in_one_read(make: MakeParser) -> None:
     assert feed_pieces(make(), pieces) == (commands, None)
 
 
-# --------------------------------------------------------------------------- inline
-
-
-def test_inline_crlf_and_bare_lf(make: MakeParser) -> None:
-    assert commands_of(make, b"PING\r\nDUMP 100\nCLIENT GETNAME\r\n") == [
-        [b"PING"],
-        [b"DUMP", b"100"],
-        [b"CLIENT", b"GETNAME"],
-    ]
-
-
-def test_inline_splits_on_runs_of_blanks(make: MakeParser) -> None:
-    assert commands_of(make, b"  RPUSHX \t topics:t   hello  \r\n") == [
-        [b"RPUSHX", b"topics:t", b"hello"]
-    ]
-
-
-def test_inline_empty_and_blank_lines_are_ignored(make: MakeParser) -> None:
-    assert commands_of(make, b"\r\n\n   \r\n\t\nPING\r\n\r\n") == [[b"PING"]]
-
-
-def test_inline_quoting(make: MakeParser) -> None:
-    data = (
-        b'RPUSHX "topics:a b" "\\n\\r\\t\\b\\a\\\\\\"\\x41\\x7a\\xZZ\\q" '
-        b"'single \\' \\n' \"\" ''\r\n"
-    )
-    assert commands_of(make, data) == [
-        [b"RPUSHX", b"topics:a b", b'\n\r\t\b\a\\"AzxZZq', b"single ' \\n", b"", b""]
-    ]
-
-
-def test_inline_quotes_follow_redis_corner_cases(make: MakeParser) -> None:
-    # Checked against redis-server 7.0: quotes may open mid-argument; \v and \f are
-    # blanks between arguments but do not end one; a raw CR splits arguments.
-    assert commands_of(make, b'ECHO a"b c"\r\n') == [[b"ECHO", b"ab c"]]
-    assert commands_of(make, b"\x0bECHO\x0cx a\x0bb\r\n") == [[b"ECHO\x0cx", b"a\x0bb"]]
-    assert commands_of(make, b"ECHO a\rb\r\n") == [[b"ECHO", b"a", b"b"]]
-    assert commands_of(make, b'ECHO "\\x4"\r\n') == [[b"ECHO", b"x4"]]
-
-
-def test_inline_nul_is_an_ordinary_byte(make: MakeParser) -> None:
-    assert commands_of(make, b'ECHO a\x00b "c\x00d"\r\n') == [[b"ECHO", b"a\x00b", b"c\x00d"]]
-
-
-@pytest.mark.parametrize(
-    "line",
-    [b'SET "abc\r\n', b"SET 'abc\n", b'SET "a"b\r\n', b"SET 'a'b\r\n", b'SET "abc\\"\r\n'],
-)
-def test_inline_unbalanced_quotes(make: MakeParser, line: bytes) -> None:
-    assert error_of(make, line) == "Protocol error: unbalanced quotes in request"
-
-
-def test_inline_line_length_limit(make: MakeParser) -> None:
-    limits = ParserLimits(max_inline_length=16)
-    assert commands_of(make, b"ECHO 12345678901\n", limits) == [[b"ECHO", b"12345678901"]]
-    assert error_of(make, b"ECHO 123456789012\n", limits) == "LineTooLong"
-    # The \r counts: the line is judged without its "\n" only.
-    assert error_of(make, b"ECHO 12345678901\r\n", limits) == "LineTooLong"
-    # Without a newline the error comes as soon as the line is too long.
-    parser = make(limits)
-    parser.feed(b"x" * 16)
-    assert parser.get_command() is None
-    parser.feed(b"x")
-    with pytest.raises(ProtocolError, match=r"^LineTooLong$"):
-        parser.get_command()
-
-
-def test_inline_default_limit_is_64k(make: MakeParser) -> None:
-    line = b"ECHO " + b"x" * (64 * 1024 - 5)
-    assert feed_pieces(make(), [line + b"\n"]) == ([[b"ECHO", line[5:]]], None)
-    assert feed_pieces(make(), [line + b"x"]) == ([], "LineTooLong")
+# --------------------------------------------------------------------------- both kinds
 
 
 def test_pipelined_mix_of_multibulk_and_inline(make: MakeParser) -> None:
@@ -414,102 +286,6 @@ def test_make_parser_prefers_hiredis_and_honours_the_choice() -> None:
     assert isinstance(make_parser(), HiredisRequestParser)
     assert type(make_parser(use_hiredis=False)) is PythonRequestParser
     assert isinstance(make_parser(RAFKA_LIMITS, use_hiredis=True), HiredisRequestParser)
-
-
-# --------------------------------------------------------------------------- encoders
-
-
-@pytest.mark.parametrize(
-    ("reply", "resp2", "resp3"),
-    [
-        (b"OK", b"$2\r\nOK\r\n", b"$2\r\nOK\r\n"),
-        (b"", b"$0\r\n\r\n", b"$0\r\n\r\n"),
-        (b"a\r\nb", b"$4\r\na\r\nb\r\n", b"$4\r\na\r\nb\r\n"),
-        ("h\u00e9", b"$3\r\nh\xc3\xa9\r\n", b"$3\r\nh\xc3\xa9\r\n"),
-        (bytearray(b"ab"), b"$2\r\nab\r\n", b"$2\r\nab\r\n"),
-        (0, b":0\r\n", b":0\r\n"),
-        (-12, b":-12\r\n", b":-12\r\n"),
-        (2**63, b":9223372036854775808\r\n", b":9223372036854775808\r\n"),
-        (None, b"$-1\r\n", b"_\r\n"),
-        (NULL_ARRAY, b"*-1\r\n", b"_\r\n"),
-        (True, b":1\r\n", b"#t\r\n"),
-        (False, b":0\r\n", b"#f\r\n"),
-        (1.5, b"$3\r\n1.5\r\n", b",1.5\r\n"),
-        (float("inf"), b"$3\r\ninf\r\n", b",inf\r\n"),
-        (float("-inf"), b"$4\r\n-inf\r\n", b",-inf\r\n"),
-        (float("nan"), b"$3\r\nnan\r\n", b",nan\r\n"),
-        (SimpleString("PONG"), b"+PONG\r\n", b"+PONG\r\n"),
-        (
-            ErrorReply("CONS Server shutdown"),
-            b"-CONS Server shutdown\r\n",
-            b"-CONS Server shutdown\r\n",
-        ),
-        ([], b"*0\r\n", b"*0\r\n"),
-        ((b"a", 1), b"*2\r\n$1\r\na\r\n:1\r\n", b"*2\r\n$1\r\na\r\n:1\r\n"),
-        ({}, b"*0\r\n", b"%0\r\n"),
-        (
-            {b"produced": 3, "acks": None},
-            b"*4\r\n$8\r\nproduced\r\n:3\r\n$4\r\nacks\r\n$-1\r\n",
-            b"%2\r\n$8\r\nproduced\r\n:3\r\n$4\r\nacks\r\n_\r\n",
-        ),
-    ],
-)
-def test_encode_each_reply_type(reply: object, resp2: bytes, resp3: bytes) -> None:
-    assert encode(reply, 2) == resp2  # type: ignore[arg-type]
-    assert encode(reply) == resp2  # type: ignore[arg-type]
-    assert encode(reply, 3) == resp3  # type: ignore[arg-type]
-
-
-def test_encode_nested_arrays_and_maps() -> None:
-    reply = [[b"a", [1, None]], {b"k": [True, NULL_ARRAY]}, ErrorReply("ERR x")]
-    assert encode(reply, 2) == (
-        b"*3\r\n*2\r\n$1\r\na\r\n*2\r\n:1\r\n$-1\r\n*2\r\n$1\r\nk\r\n*2\r\n:1\r\n*-1\r\n-ERR x\r\n"
-    )
-    assert encode(reply, 3) == (
-        b"*3\r\n*2\r\n$1\r\na\r\n*2\r\n:1\r\n_\r\n%1\r\n$1\r\nk\r\n*2\r\n#t\r\n_\r\n-ERR x\r\n"
-    )
-
-
-def test_encode_rafka_blpop_message_example() -> None:
-    # Spec section 2.3, byte for byte.
-    reply = [b"topic", b"greetings", b"partition", 2, b"offset", 10, b"value", b"hello there!"]
-    expected = (
-        b"*8\r\n$5\r\ntopic\r\n$9\r\ngreetings\r\n$9\r\npartition\r\n:2\r\n"
-        b"$6\r\noffset\r\n:10\r\n$5\r\nvalue\r\n$12\r\nhello there!\r\n"
-    )
-    assert encode(reply, 2) == expected
-    assert encode(reply, 3) == expected  # no RESP3-specific type in it
-
-
-def test_encode_rafka_reply_shapes() -> None:
-    assert encode(b"OK") == b"$2\r\nOK\r\n"  # CLIENT SETNAME / QUIT answer a bulk "OK"
-    assert encode(SimpleString("OK")) == b"+OK\r\n"
-    assert encode(ErrorReply("Command not supported: ")) == b"-Command not supported: \r\n"
-    assert encode(NULL_ARRAY) == b"*-1\r\n"  # BLPOP timeout
-
-
-def test_status_and_error_lines_cannot_break_the_framing() -> None:
-    # Error texts can echo client input (a BLPOP key); CR/LF become spaces, as in Redis.
-    assert encode(ErrorReply("CONS Cannot parse topics from `a\r\nb`")) == (
-        b"-CONS Cannot parse topics from `a  b`\r\n"
-    )
-    assert encode(SimpleString("a\nb")) == b"+a b\r\n"
-
-
-def test_encode_rejects_unknown_types() -> None:
-    with pytest.raises(TypeError, match="cannot encode set"):
-        encode({1, 2})  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="cannot encode object"):
-        encode([b"ok", object()])
-
-
-def test_encode_many_is_one_buffer_in_order() -> None:
-    replies: list[Reply] = [SimpleString("PONG"), 1, None, [b"x"], {b"a": 1.0}]
-    assert encode_many(replies, 2) == b"".join(encode(r, 2) for r in replies)
-    assert (
-        encode_many(replies, 3) == b"+PONG\r\n:1\r\n_\r\n*1\r\n$1\r\nx\r\n%1\r\n$1\r\na\r\n,1.0\r\n"
-    )
-    assert encode_many([], 3) == b""
 
 
 def test_encoded_commands_parse_back(make: MakeParser) -> None:

@@ -21,7 +21,7 @@ from backends.base import (
     UnknownTopicError,
 )
 from backends.kafka.admin import KafkaAdmin
-from tests.kafka.test_kafka_engine import kafka_settings
+from tests.support.kafka import kafka_settings
 from tests.support.tansu import TansuBroker, free_port
 
 pytestmark = pytest.mark.kafka

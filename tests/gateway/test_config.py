@@ -21,7 +21,7 @@ from backends.registry import ENGINES
 from gateway import __version__
 from gateway.config import REDACTED, Config, ConfigError, from_args, from_dict
 from tests.support.tansu import TansuBroker, free_port
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 # The console script installed with the package (pyproject [project.scripts]).
 RAFKA = [str(Path(sys.executable).parent / "rafka")]
@@ -239,7 +239,7 @@ def test_cli_serves_then_exits_0_on_sigterm(tmp_path: Path, tansu: TansuBroker) 
 def test_the_gateway_names_the_engine_and_loads_only_that_one() -> None:
     # An engine's libraries (librdkafka here) load only once the configuration chose it.
     probe = (
-        "import sys, gateway.cli, gateway.resp_server, gateway.config as c\n"
+        "import sys, gateway.cli, gateway.runner, gateway.config as c\n"
         "assert 'confluent_kafka' not in sys.modules, 'loaded before any configuration'\n"
         "c.from_dict({'consumer': {}})\n"
         "assert 'backends.kafka' in sys.modules\n"

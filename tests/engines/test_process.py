@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from backends.process import Child, ProcessError, _die_with, spawn, start
-from tests.processes import pid_gone
-from tests.waiting import wait_until
+from tests.support.processes import pid_gone
+from tests.support.waiting import wait_until
 
 PY = sys.executable
 

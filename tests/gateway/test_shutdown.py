@@ -16,7 +16,7 @@ from gateway.runner import ServerThread
 from tests.support.engines import GATEWAY_ENGINES
 from tests.support.fixtures import EngineFactories, GatewayConfig
 from tests.support.gateway import Raw, client, configured_engine
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 
 class HeldConsumer(Consumer):

@@ -18,7 +18,7 @@ from tests.support.engines import GATEWAY_ENGINES
 from tests.support.fixtures import EngineFactories, GatewayConfig
 from tests.support.gateway import Raw, client, running
 from tests.support.tansu import TansuBroker, free_port
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 # Short default so that "non-numeric timeout -> default" is quick to observe.
 DEFAULT_TIMEOUT = 1.0

@@ -1,6 +1,5 @@
-"""The Kafka engine against a real Tansu broker (the session fixture `tansu`): what is
-librdkafka's own (error texts, properties, batching, threads). What every engine must
-do is in tests/engines/test_contract.py, which runs on this engine too.
+"""The Kafka engine's consuming side against a real Tansu broker: consumer settings,
+errors, batched fetching and rebalances.
 
 Group joins cost half of session.timeout.ms on Tansu (about 1 s here), so tests reuse
 their consumers and start the ones that are independent concurrently.
@@ -9,17 +8,11 @@ their consumers and start the ones that are independent concurrently.
 from __future__ import annotations
 
 import asyncio
-import json
-import threading
 import time
-import uuid
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-import structlog
 from confluent_kafka import ConsumerGroupState, KafkaError, Message
 from confluent_kafka import Producer as RawProducer
 from confluent_kafka.admin import AdminClient
@@ -29,55 +22,18 @@ from backends.base import (
     ConsumeError,
     ConsumerCreationError,
     EngineOptions,
-    MetadataClientError,
-    MetadataError,
-    ProduceError,
-    ProducerCreationError,
     Record,
     Stats,
 )
-from backends.kafka.consumer import BATCH, KafkaConsumer
+from backends.kafka.consumer import KafkaConsumer
 from backends.kafka.engine import KafkaEngine
-from backends.kafka.settings import KafkaSettings, parse_settings
-from backends.settings import REDACTED, JsonNumber, json_decoder
-from tests.support.consuming import WAIT, asyncio_test, consume, new_group, timed
-from tests.support.kafka import kafka_document
-from tests.support.tansu import TansuBroker, free_port
-from tests.waiting import wait_until_async
+from backends.kafka.settings import KafkaSettings
+from backends.settings import JsonNumber
+from tests.support.consuming import WAIT, asyncio_test, consume, new_group
+from tests.support.kafka import running_engine
+from tests.support.tansu import TansuBroker
 
 pytestmark = pytest.mark.kafka
-
-
-def kafka_settings(
-    bootstrap: str, producer: dict[str, str] | None = None, consumer: dict[str, str] | None = None
-) -> KafkaSettings:
-    """The tests' Kafka settings (tests/support/kafka.py), with `producer` and `consumer`
-    properties over them."""
-    document = kafka_document(bootstrap)
-    document["producer"].update(producer or {})
-    document["consumer"].update(consumer or {})
-    decoded = json_decoder().decode(json.dumps(document))  # as from a file
-    return parse_settings(decoded)
-
-
-@asynccontextmanager
-async def running_engine(
-    bootstrap: str,
-    producer: dict[str, str] | None = None,
-    consumer: dict[str, str] | None = None,
-    metadata_timeout: float = 5.0,
-    consume_batch: int = BATCH,
-) -> AsyncIterator[KafkaEngine]:
-    engine = KafkaEngine(
-        Stats(),
-        kafka_settings(bootstrap, producer, consumer),
-        EngineOptions(metadata_timeout=metadata_timeout, consume_batch=consume_batch),
-    )
-    await engine.start()
-    try:
-        yield engine
-    finally:
-        await engine.stop()
 
 
 def hold_loop_until(condition: Callable[[], bool]) -> None:
@@ -89,179 +45,6 @@ def hold_loop_until(condition: Callable[[], bool]) -> None:
     while not condition():
         assert time.monotonic() < deadline, f"no progress within {WAIT}s"
         time.sleep(0.001)
-
-
-def rafka_threads() -> set[str]:
-    return {t.name for t in threading.enumerate() if t.name.startswith("rafka-")}
-
-
-# --- metadata -------------------------------------------------------------------------
-
-
-@asyncio_test
-async def test_unreachable_broker_gives_metadata_error_and_counts_unknown_events() -> None:
-    async with running_engine(f"127.0.0.1:{free_port()}", metadata_timeout=0.3) as engine:
-        with pytest.raises(MetadataError) as failure:
-            await engine.topics()
-        # librdkafka's own text, without confluent-kafka's "Failed to get metadata: ".
-        assert str(failure.value).startswith("Local: "), str(failure.value)
-        # "Connect ... failed: Connection refused" / "all brokers down" reach error_cb.
-        await wait_until_async(
-            lambda: engine.stats.get(Stats.UNKNOWN_EVENTS) >= 1, WAIT, "an unknown producer event"
-        )
-
-
-# --- producing ------------------------------------------------------------------------
-
-
-@asyncio_test
-async def test_flush_waits_only_for_the_handles_own_records(tansu: TansuBroker) -> None:
-    topic = tansu.create_topic()
-    missing = f"r-missing-{uuid.uuid4().hex[:6]}"
-    # A record for a missing topic stays outstanding until librdkafka gives up on the
-    # topic: 1.5 s here, long enough to show that the other handle does not wait for it.
-    slow = {"topic.metadata.propagation.max.ms": "1500"}
-    async with running_engine(tansu.bootstrap, producer=slow) as engine:
-        stuck, quick = engine.producer("stuck"), engine.producer("quick")
-        leaving = engine.producer("leaving")
-        stuck.produce(missing, None, b"lost")
-        leaving.produce(missing, b"k", b"v")
-        for i in range(5):
-            quick.produce(topic, None, f"v{i}".encode())
-
-        # Closing with records still in flight reports and counts them as unflushed.
-        assert await leaving.close(0) == 1
-        assert engine.stats.get(Stats.UNFLUSHED) == 1
-        assert await leaving.close(5) == 0, "a second close returns 0 at once"
-        with pytest.raises(ProduceError):
-            leaving.produce(topic, None, b"after close")
-
-        left, elapsed = await timed(quick.flush(5))
-        assert left == 0
-        assert elapsed < 1.0, f"flush waited {elapsed:.2f}s, for records not its own?"
-        assert stuck.outstanding() == 1
-        assert await stuck.flush(0) == 1, "a flush with timeout 0 must not wait"
-        assert engine.stats.get(Stats.DELIVERED) == 5
-
-        # The delivery failure ends the wait: DUMP answers 0 (done, not succeeded).
-        left, elapsed = await timed(stuck.flush(WAIT))
-        assert left == 0
-        assert elapsed < 5, f"flush did not return when the last record failed ({elapsed:.1f}s)"
-        await wait_until_async(
-            lambda: engine.stats.get(Stats.DELIVERY_ERRORS) == 2, WAIT, "two delivery errors"
-        )
-
-        # Now librdkafka knows the topic is missing: refused at once (spec E6).
-        with pytest.raises(ProduceError) as refused:
-            stuck.produce(missing, None, b"again")
-        assert str(refused.value) == "Local: Unknown topic"
-        assert stuck.outstanding() == 0, "a refused record must not count as outstanding"
-        assert engine.stats.get(Stats.PRODUCED) == 7
-        assert engine.stats.get(Stats.UNFLUSHED) == 1, "only close() counts unflushed"
-        await quick.close(5)
-        await stuck.close(5)
-
-
-@asyncio_test
-async def test_unknown_topic_first_produce_is_a_delivery_error(tansu: TansuBroker) -> None:
-    async with running_engine(tansu.bootstrap) as engine:
-        handle = engine.producer("s")
-        handle.produce("idontexist", None, b"x")  # accepted: the topic is not known yet
-        assert await handle.flush(WAIT) == 0
-        assert engine.stats.get(Stats.DELIVERY_ERRORS) == 1
-        assert engine.stats.get(Stats.DELIVERED) == 0
-        with pytest.raises(ProduceError, match=r"^Local: Unknown topic$"):
-            handle.produce("idontexist", None, b"x")
-        assert "idontexist" not in await engine.topics(), "the topic was auto-created"
-
-
-@asyncio_test
-async def test_produce_is_refused_at_once_with_librdkafkas_text(tansu: TansuBroker) -> None:
-    topic = tansu.create_topic()
-    async with running_engine(tansu.bootstrap) as engine:
-        handle = engine.producer("s")
-        with pytest.raises(ProduceError) as too_big:
-            handle.produce(topic, None, b"x" * 2_000_000)  # message.max.bytes is ~1 MB
-        assert str(too_big.value) == "Broker: Message size too large"
-        assert handle.outstanding() == 0
-    # A queue of one record that lingers: the second record does not fit.
-    tiny = {"queue.buffering.max.messages": "1", "queue.buffering.max.ms": "10000"}
-    async with running_engine(tansu.bootstrap, producer=tiny) as engine:
-        handle = engine.producer("s")
-        handle.produce(topic, None, b"first")
-        with pytest.raises(ProduceError) as full:
-            handle.produce(topic, None, b"second")
-        assert str(full.value) == "Local: Queue full"
-        assert handle.outstanding() == 1
-        assert engine.stats.get(Stats.PRODUCED) == 1
-
-
-@asyncio_test
-async def test_produce_many_refusal_keeps_the_records_before_it(tansu: TansuBroker) -> None:
-    topic = tansu.create_topic(1)
-    async with running_engine(tansu.bootstrap) as engine:
-        handle = engine.producer("s")
-        huge = b"x" * 2_000_000  # over message.max.bytes: refused inside produce()
-        with pytest.raises(ProduceError) as refused:
-            handle.produce_many(topic, None, [b"before-1", b"before-2", huge, b"after"])
-        assert str(refused.value) == "Broker: Message size too large"
-        # The two before it are enqueued and counted; the refused one and the rest are not.
-        assert engine.stats.get(Stats.PRODUCED) == 2
-        assert handle.outstanding() <= 2
-        assert await handle.flush(WAIT) == 0, "DUMP must not wait for unsent records"
-        assert engine.stats.get(Stats.DELIVERED) == 2
-
-        # A refusal of the very first record enqueues nothing and leaves nothing behind.
-        with pytest.raises(ProduceError, match=r"^Broker: Message size too large$"):
-            handle.produce_many(topic, None, [huge, b"never"])
-        assert handle.outstanding() == 0
-        assert engine.stats.get(Stats.PRODUCED) == 2
-
-        handle.produce(topic, None, b"end")  # marks the end: nothing else may come first
-        assert await handle.flush(WAIT) == 0
-        consumer = await engine.consumer(new_group(), "c1", [topic], {})
-        assert [r.value for r in await consume(consumer, 3)] == [b"before-1", b"before-2", b"end"]
-        await consumer.close()
-        assert engine.stats.get(Stats.DELIVERED) == 3
-        await handle.close(1)
-
-
-@asyncio_test
-async def test_bad_producer_config_raises_and_the_next_call_tries_again(
-    tansu: TansuBroker, tmp_path: Path
-) -> None:
-    async with running_engine(tansu.bootstrap, producer={"foo": "bar"}) as engine:
-        with pytest.raises(ProducerCreationError) as failure:
-            engine.producer("s")
-        assert str(failure.value) == 'No such configuration property: "foo"'
-        # KEYS lists topics through the producer: the failure says so (Rafka's text).
-        with pytest.raises(MetadataClientError) as listing:
-            await engine.topics()
-        assert str(listing.value) == 'No such configuration property: "foo"'
-
-    # A failure that goes away: the CA directory does not exist yet. The broker address
-    # is a closed port, since TLS against Tansu's plain listener would only add noise.
-    ca_dir = tmp_path / "ca"
-    tls = {"security.protocol": "ssl", "ssl.ca.location": str(ca_dir)}
-    async with running_engine(f"127.0.0.1:{free_port()}", producer=tls) as engine:
-        with pytest.raises(ProducerCreationError, match=r"ssl\.ca\.location"):
-            engine.producer("s")
-        ca_dir.mkdir()
-        handle = engine.producer("s")  # not cached as failed: created now
-        assert handle.outstanding() == 0
-        assert engine.producer("t") is not handle
-
-
-@asyncio_test
-async def test_the_engines_logs_hide_the_secrets_the_start_up_log_hides() -> None:
-    secret = {"sasl.oauthbearer.extensions": "ext=s1", "ssl.key.password": "s2"}
-    with structlog.testing.capture_logs() as logs:
-        async with running_engine(f"127.0.0.1:{free_port()}", producer=secret) as engine:
-            engine.producer("s")
-    [started] = [line for line in logs if line["event"] == "producer started"]
-    shown = started["config"]
-    assert {name: shown[name] for name in secret} == dict.fromkeys(secret, REDACTED)
-    assert shown["queue.buffering.max.ms"] == "0", "only secrets are hidden"
 
 
 # --- consuming ------------------------------------------------------------------------
@@ -575,71 +358,3 @@ async def test_a_rebalance_drops_buffered_records_of_revoked_partitions(
             assert time.monotonic() < deadline, f"group {group} did not re-form without c1"
         await c2.close()
         assert not refused, refused
-
-
-@asyncio_test
-async def test_closing_and_stopping_leave_no_thread_running(tansu: TansuBroker) -> None:
-    topic = tansu.create_topic()
-    before = rafka_threads()
-    engine = KafkaEngine(Stats(), kafka_settings(tansu.bootstrap), EngineOptions())
-    await engine.start()
-    handle = engine.producer("s")
-    handle.produce(topic, None, b"x")
-    closed, left_open = await asyncio.gather(
-        engine.consumer(new_group(), "closed", [topic], {}),
-        engine.consumer(new_group(), "open", [topic], {}),
-    )
-    # The producer's poll thread, one per consumer.
-    assert len(rafka_threads() - before) == 3
-    await closed.close()
-    assert len(rafka_threads() - before) == 2, "a closed consumer's thread is still running"
-    await engine.stop()
-    assert rafka_threads() == before
-    assert handle.outstanding() == 0, "stop() must flush the shared producer"
-    with pytest.raises(ProducerCreationError, match=r"^Engine stopped$"):
-        engine.producer("late")
-    with pytest.raises(ConsumerCreationError, match=r"^Engine stopped$"):
-        await engine.consumer(new_group(), "late", [topic], {})
-    with pytest.raises(MetadataClientError, match=r"^Engine stopped$"):
-        await engine.topics()
-    with pytest.raises(AckError, match=r"^Consumer closed$"):
-        left_open.ack(topic, 0, 0)
-
-
-@asyncio_test
-async def test_a_consumer_still_being_created_when_stop_runs_is_closed(
-    tansu: TansuBroker,
-) -> None:
-    topic = tansu.create_topic()
-    before = rafka_threads()
-    engine = KafkaEngine(Stats(), kafka_settings(tansu.bootstrap), EngineOptions())
-    await engine.start()
-    creating = asyncio.create_task(engine.consumer(new_group(), "c", [topic], {}))
-    await asyncio.sleep(0)  # one step: the task submits the creation and awaits it
-    assert rafka_threads() - before, "the creation did not start"
-    assert not creating.done()
-    await engine.stop()  # marks the engine stopped before the creation's result is seen
-    # stop() could not close what did not exist yet: the creation must not hand out
-    # a live group member (and its thread) that nobody owns any more.
-    with pytest.raises(ConsumerCreationError, match="Engine stopped"):
-        await creating
-    assert rafka_threads() == before
-
-
-@asyncio_test
-async def test_produce_on_a_handle_outliving_the_engine_is_refused_and_not_counted(
-    tansu: TansuBroker,
-) -> None:
-    topic = tansu.create_topic()
-    engine = KafkaEngine(Stats(), kafka_settings(tansu.bootstrap), EngineOptions())
-    await engine.start()
-    handle = engine.producer("s")
-    await engine.stop()  # the shared producer is closed under the handle
-    with pytest.raises(ProduceError, match="Producer has been closed"):
-        handle.produce(topic, None, b"x")
-    with pytest.raises(ProduceError, match="Producer has been closed"):
-        handle.produce_many(topic, None, [b"y", b"z"])
-    assert handle.outstanding() == 0, "refused records must not stay outstanding"
-    assert await handle.close(WAIT) == 0
-    assert engine.stats.get(Stats.PRODUCED) == 0
-    assert engine.stats.get(Stats.UNFLUSHED) == 0

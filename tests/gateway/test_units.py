@@ -1,11 +1,22 @@
-"""Pure functions of the gateway: Go number parsing, BLPOP key and timeout, MONITOR lines."""
+"""Pure functions of the gateway: Go number parsing, BLPOP key and timeout, MONITOR lines,
+the texts of engine errors."""
 
 from __future__ import annotations
 
 import pytest
 
+from backends.base import (
+    AckError,
+    ConsumeError,
+    ConsumerCreationError,
+    EngineError,
+    MetadataClientError,
+    MetadataError,
+    ProduceError,
+    ProducerCreationError,
+)
 from gateway.commands.consume import parse_timeout, parse_topics_key
-from gateway.errors import RespError
+from gateway.errors import RespError, from_engine
 from gateway.goparse import GoParseError, go_quote, parse_int, wrap_int64
 from gateway.monitor import format_line
 
@@ -154,3 +165,24 @@ def test_monitor_line_format() -> None:
     hello = format_line("x", [b"HELLO", b"3", b"AUTH", b"default", b"secret"], 1.0)
     assert b"secret" not in hello
     assert hello.startswith(b'+1.000000 [0 x] "HELLO" "3" "AUTH"')
+
+
+@pytest.mark.parametrize(
+    ("error", "text"),
+    [
+        (ProduceError("Local: Queue full"), "PROD Local: Queue full"),
+        (ProducerCreationError("bad"), "PROD Error spawning producer: bad"),
+        (ConsumeError("Broker: x"), "CONS Poll Broker: x"),
+        (AckError("Unknown partition"), "CONS Unknown partition"),
+        (MetadataError("Local: Timed out"), "ERR Error getting metadata: Local: Timed out"),
+        (MetadataClientError("bad"), "ERR Error spawning producer: bad"),
+    ],
+)
+def test_each_engine_error_has_its_rafka_text(error: EngineError, text: str) -> None:
+    assert from_engine(error).text == text
+
+
+@pytest.mark.parametrize("error", [EngineError("x"), ConsumerCreationError("x")])
+def test_an_engine_error_without_a_text_is_a_bug_not_a_reply(error: EngineError) -> None:
+    with pytest.raises(TypeError):
+        from_engine(error)

@@ -1,0 +1,333 @@
+"""One client connection: the asyncio Protocol that runs its commands, and its teardown.
+
+Every read is fed to the sans-IO parser and the complete commands in it run at once,
+inside the transport's read callback: no task and no future per read. All their replies
+go out in one write. A command that waits (BLPOP, DUMP, KEYS) runs as a task of its own
+and suspends only its connection; meanwhile the socket is still read, so a disconnect is
+noticed at once and releases the consumer (commands pipelined behind it wait their turn
+in the parser, bounded by the query-buffer limit; see gateway.flow). While the client
+does not read our replies, the connection runs no commands.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import types
+from collections.abc import Awaitable
+from typing import Any, Protocol, TypeAlias, cast
+
+import structlog
+
+from gateway import errors
+from gateway.commands import dispatch
+from gateway.context import ServerContext
+from gateway.flow import FlowControl
+from gateway.idle import IdleTimer
+from gateway.resp import (
+    NULL_ARRAY,
+    ErrorReply,
+    ParserLimits,
+    ProtocolError,
+    Reply,
+    SimpleString,
+    encode,
+    encode_into,
+    make_parser,
+)
+from gateway.session import Session, peer_id
+
+log = structlog.get_logger("rafka.gateway.server")
+
+# How long a closed connection may take to send what is still buffered.
+CLOSE_GRACE = 2.0
+
+# Reply types that are never awaitable: checked before the (slow) inspect.isawaitable.
+_IMMEDIATE: frozenset[type] = frozenset(
+    {
+        bytes,
+        int,
+        list,
+        dict,
+        str,
+        SimpleString,
+        ErrorReply,
+        type(None),
+        type(NULL_ARRAY),
+        bool,
+        float,
+        tuple,
+    }
+)
+
+# A command that waits, as _execute hands it to _run: a final class, so that the check
+# `type(reply) is types.CoroutineType` tells mypy which of the two it is.
+Waiting: TypeAlias = "types.CoroutineType[Any, Any, None]"
+
+# _run's "no reply of a waiting command to write first" (None is a reply: RESP null).
+_NO_REPLY: Any = object()
+
+
+class Host(Protocol):
+    """What a connection needs of the server that accepted it (gateway.server.Server)."""
+
+    @property
+    def ctx(self) -> ServerContext: ...
+
+    @property
+    def limits(self) -> ParserLimits: ...
+
+    def admit(self, connection: Connection) -> bool:
+        """Count the connection in; False when it must be refused (max clients)."""
+        ...
+
+    def forget(self, connection: Connection) -> None:
+        """The connection is torn down: count it out (once, and only if admitted)."""
+        ...
+
+
+class Connection(asyncio.Protocol):
+    """One client connection: the protocol callbacks, command execution and teardown."""
+
+    def __init__(self, host: Host) -> None:
+        self._host = host
+        self._config = host.ctx.config
+        self._loop = asyncio.get_running_loop()
+        self._parser = make_parser(host.limits)
+        self._transport: asyncio.Transport | None = None
+        self._flow: FlowControl  # from connection_made on
+        self.session: Session | None = None
+        # Resolved once the connection is torn down and forgotten by the server.
+        self.closed: asyncio.Future[None] = self._loop.create_future()
+        # Resolved by connection_lost.
+        self._lost: asyncio.Future[None] = self._loop.create_future()
+        # The waiting command (BLPOP, DUMP, KEYS) in progress, if any.
+        self._command: asyncio.Task[None] | None = None
+        self._teardown_task: asyncio.Task[None] | None = None
+        self._ended = False  # no command runs any more; teardown started
+        self._closing = False  # close_soon(): close after the command in progress
+        self._idle = IdleTimer(self._loop, self._config.idle_timeout, self._busy, self._end)
+
+    @property
+    def waiting(self) -> bool:
+        """True while a command that waits (BLPOP, DUMP, KEYS) is in progress."""
+        return self._command is not None
+
+    # --- protocol callbacks ------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport = cast(asyncio.Transport, transport)
+        self._flow = FlowControl(transport, self._loop, self._config.max_query_buffer)
+        if not self._host.admit(self):
+            self._ended = True
+            self._flow.stop()
+            transport.write(encode(ErrorReply(errors.max_clients_reached().text)))
+            transport.close()
+            return
+        peer = peer_id(transport.get_extra_info("peername"))
+        self.session = session = Session(self._host.ctx, peer)
+        session.writer = self
+        self._idle.start()
+
+    def data_received(self, data: bytes) -> None:
+        if self._ended:
+            return
+        self._parser.feed(data)
+        self._idle.touch()
+        if self._command is not None:
+            # Read on while a command waits (to notice a disconnect), up to the limit.
+            self._flow.received_while_waiting(len(data))
+            return
+        if not self._flow.write_paused:
+            self._run()
+
+    def eof_received(self) -> bool:
+        # The client will send nothing more; everything it sent has been run (or waits
+        # behind a command, which is then abandoned as for a disconnect).
+        self._end()
+        return True  # the teardown closes the transport once the session is released
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self._lost.done():
+            self._lost.set_result(None)
+        self._flow.connection_lost()
+        self._end()
+
+    def pause_writing(self) -> None:
+        self._flow.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._flow.resume_writing()
+        if self._ended:
+            return
+        self._idle.touch()
+        if self._command is None:
+            self._run()  # commands that arrived while the client was not reading
+
+    # --- the writer interface of MONITOR (gateway.monitor.Writer) ------------------------
+
+    def write(self, data: bytes) -> None:
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.write(data)
+
+    async def drain(self) -> None:
+        await self._flow.drain()
+
+    # --- running commands ----------------------------------------------------------------
+
+    def _run(self, first: Reply = _NO_REPLY) -> None:
+        """Run every complete command in the parser and write their replies at once.
+
+        `first` is the reply of a waiting command that just finished (_NO_REPLY
+        otherwise), written together with the replies of the commands pipelined behind it.
+        """
+        session = self.session
+        transport = self._transport
+        assert session is not None and transport is not None
+        parser = self._parser
+        out: list[bytes] = []
+        if first is not _NO_REPLY:
+            encode_into(first, session.protocol, out)
+        try:
+            while not session.quit:
+                try:
+                    command = parser.get_command()
+                except ProtocolError as error:
+                    # Answer what came before, then the error, then close (as Rafka).
+                    encode_into(ErrorReply(error.text), session.protocol, out)
+                    transport.write(b"".join(out))
+                    self._end()
+                    return
+                if command is None:
+                    break
+                reply = self._execute(command)
+                if type(reply) is types.CoroutineType:
+                    # Answer what came before, then wait without blocking the others.
+                    if out:
+                        transport.write(b"".join(out))
+                    self._start_waiting(reply)
+                    return
+                encode_into(reply, session.protocol, out)
+            if out:
+                transport.write(b"".join(out))
+        except Exception:
+            log.exception("connection failed", client=session.id)
+            self._end()
+            return
+        if session.quit or self._closing:
+            self._end()
+
+    def _execute(self, command: list[bytes]) -> Reply | Waiting:
+        """The command's reply, or a coroutine that answers it (a waiting command)."""
+        session = self.session
+        assert session is not None
+        try:
+            reply = dispatch(session, command)
+        except errors.RespError as error:
+            return ErrorReply(error.text)
+        except Exception:
+            log.exception("command failed", client=session.id, command=command[:1])
+            return ErrorReply(errors.internal_error().text)
+        if type(reply) in _IMMEDIATE or not inspect.isawaitable(reply):
+            return cast(Reply, reply)
+        # Reply values are never coroutines: this is what tells _run a command waits.
+        return cast(Waiting, self._wait(reply, command))
+
+    def _start_waiting(self, waiting: Waiting) -> None:
+        self._flow.command_waits()
+        self._command = self._loop.create_task(waiting)
+
+    async def _wait(self, pending: Awaitable[Reply], command: list[bytes]) -> None:
+        """The task of a waiting command: await its reply, answer, run what follows."""
+        try:
+            reply = await pending
+        except errors.RespError as error:
+            reply = ErrorReply(error.text)
+        except Exception:
+            assert self.session is not None
+            log.exception("command failed", client=self.session.id, command=command[:1])
+            reply = ErrorReply(errors.internal_error().text)
+        except asyncio.CancelledError:
+            # By the teardown (client gone) or a shutdown past its bound.
+            self._command = None
+            self._end()
+            raise
+        self._command = None
+        if self._ended:
+            return
+        # Answered inside this task, not in a done callback: one loop iteration less.
+        self._flow.command_answered()
+        self._idle.touch()
+        if self._flow.write_paused:
+            # Answer now; what is pipelined behind runs once the client reads again.
+            assert self.session is not None and self._transport is not None
+            out: list[bytes] = []
+            encode_into(reply, self.session.protocol, out)
+            self._transport.write(b"".join(out))
+            if self.session.quit or self._closing:
+                self._end()
+            return
+        self._run(reply)
+
+    def _busy(self) -> bool:
+        """Not idle, however long the client is silent: a command waits, the client does
+        not read our replies, or it is a monitor (as in Redis)."""
+        assert self.session is not None
+        return self._command is not None or self._flow.write_paused or self.session.monitoring
+
+    # --- lifecycle -------------------------------------------------------------------
+
+    def close_soon(self) -> None:
+        """Close after the command in progress (if any) has answered."""
+        if self._closing:
+            return
+        self._closing = True
+        if self._command is None:
+            self._end()
+
+    def abandon(self) -> None:
+        """Shutdown past its bound: stop waiting for anything and drop the socket."""
+        self._end()
+        if self.session is not None:
+            # The teardown is cancelled below, possibly before session.close() ran.
+            self.session.release_registrations()
+        if self._teardown_task is not None:
+            self._teardown_task.cancel()
+        if self._command is not None:
+            self._command.cancel()
+        if self._transport is not None:
+            self._transport.abort()
+
+    def _end(self) -> None:
+        """No more commands: release the session, then close the socket (once)."""
+        if self._ended:
+            return
+        self._ended = True
+        self._flow.stop()
+        self._idle.cancel()
+        self._teardown_task = self._loop.create_task(self._teardown())
+        self._teardown_task.add_done_callback(self._finished)
+
+    async def _teardown(self) -> None:
+        transport = self._transport
+        assert transport is not None and self.session is not None
+        try:
+            command = self._command
+            if command is not None:
+                log.debug("client left while waiting", client=self.session.id)
+                command.cancel()
+                await asyncio.gather(command, return_exceptions=True)
+            await self.session.close()
+        finally:
+            transport.close()
+            # A client that does not read would keep unsent replies (and us) forever.
+            await asyncio.wait((self._lost,), timeout=CLOSE_GRACE)
+            if not self._lost.done():
+                transport.abort()
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("connection teardown failed", exc_info=task.exception())
+        self._host.forget(self)
+        if not self.closed.done():
+            self.closed.set_result(None)

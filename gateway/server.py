@@ -1,0 +1,134 @@
+"""The listening gateway: accept connections, track them, shut them down in order.
+
+Start-up (making the engine) and signals are the runner's (gateway.runner); each
+connection runs its own commands (gateway.connection).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import structlog
+
+from backends.base import Stats
+from gateway.connection import Connection
+from gateway.context import ServerContext
+from gateway.resp import ParserLimits
+
+log = structlog.get_logger("rafka.gateway.server")
+
+# After the shutdown bound, how long cancelled connections and the engine may take.
+ABANDON_GRACE = 5.0
+
+
+class Server:
+    """A listening gateway. Create with `gateway.runner.start_server`."""
+
+    def __init__(self, ctx: ServerContext) -> None:
+        self.ctx = ctx
+        config = ctx.config
+        self.limits = ParserLimits(
+            max_arguments=config.max_arguments,
+            max_bulk_length=config.max_bulk_length,
+            max_inline_length=config.max_inline_length,
+            max_query_buffer=config.max_query_buffer,
+        )
+        self._listener: asyncio.Server | None = None
+        # Accepted connections not yet torn down (a refused one is never in here).
+        self.live: set[Connection] = set()
+        self._shutdown_task: asyncio.Task[None] | None = None
+        self.port = 0
+        self.host = config.host
+
+    @property
+    def connections(self) -> int:
+        return len(self.live)
+
+    @property
+    def waiting_commands(self) -> int:
+        """Connections inside a waiting command (BLPOP, DUMP, KEYS) right now."""
+        return sum(1 for connection in self.live if connection.waiting)
+
+    async def start(self) -> None:
+        config = self.ctx.config
+        loop = asyncio.get_running_loop()
+        self._listener = await loop.create_server(
+            lambda: Connection(self), config.host, config.port, reuse_address=True
+        )
+        self.port = self._listener.sockets[0].getsockname()[1]
+        log.info("Listening", host=config.host, port=self.port)
+
+    # --- the connections (gateway.connection.Host) -----------------------------------
+
+    def admit(self, connection: Connection) -> bool:
+        if len(self.live) >= self.ctx.config.max_clients:
+            return False
+        self.live.add(connection)
+        self.ctx.stats.incr(Stats.CONNECTIONS_TOTAL)
+        self.ctx.stats.incr(Stats.CONNECTIONS_CURRENT)
+        return True
+
+    def forget(self, connection: Connection) -> None:
+        if connection in self.live:
+            self.live.discard(connection)
+            self.ctx.stats.incr(Stats.CONNECTIONS_CURRENT, -1)
+
+    # --- shutdown (spec §7, with the documented intent) ------------------------------
+
+    async def shutdown(self) -> None:
+        """Run the shutdown sequence once; later calls wait for the same run."""
+        if self._shutdown_task is None:
+            self._shutdown_task = asyncio.get_running_loop().create_task(self._shutdown())
+        await asyncio.shield(self._shutdown_task)
+
+    async def _shutdown(self) -> None:
+        log.info("Shutting down...")
+        bound = self.ctx.config.shutdown_timeout
+        try:
+            async with asyncio.timeout(bound):
+                await self._drain()
+        except TimeoutError:
+            left = [c.session.id for c in self.live if c.session is not None]
+            log.error("shutdown bound reached, abandoning", seconds=bound, connections=left)
+            await self._abandon()
+        finally:
+            self._close_listener()
+
+    async def _drain(self) -> None:
+        # 1-2. No consumer can be created from now on; waiting BLPOPs answer
+        #      `CONS Server shutdown`.
+        self.ctx.begin_shutdown()
+        # 3-4. Close the connections that own a consumer (consumer close commits, and
+        #      their producers flush), and wait for them. New connections are still
+        #      accepted and served meanwhile (BLPOP refused, RPUSHX allowed).
+        consuming = [c for c in self.live if c.session and c.session.consumer is not None]
+        await self._close(consuming)
+        # 5. Stop accepting.
+        self._close_listener()
+        # 6. Close everyone else; their producers flush.
+        await self._close(list(self.live))
+        # 7. Release the engine.
+        await self.ctx.engine.stop()
+        log.info("shutdown complete")
+
+    async def _close(self, connections: list[Connection]) -> None:
+        for connection in connections:
+            connection.close_soon()
+        if connections:
+            await asyncio.wait([c.closed for c in connections])
+
+    async def _abandon(self) -> None:
+        connections = list(self.live)
+        for connection in connections:
+            connection.abandon()
+        if connections:
+            await asyncio.wait([c.closed for c in connections], timeout=ABANDON_GRACE)
+        try:
+            async with asyncio.timeout(ABANDON_GRACE):
+                await self.ctx.engine.stop()
+        except TimeoutError:
+            log.error("engine did not stop in time, abandoned")
+
+    def _close_listener(self) -> None:
+        if self._listener is not None:
+            self._listener.close()

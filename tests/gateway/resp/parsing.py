@@ -1,0 +1,54 @@
+"""Parsing byte streams in every way they can arrive, for the request parser tests."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from gateway.resp import ParserLimits, ProtocolError, RequestParser
+
+Outcome = tuple[list[list[bytes]], str | None]  # commands, then the error text if any
+MakeParser = Callable[..., RequestParser]
+
+DEFAULT_LIMITS = ParserLimits()
+RAFKA_LIMITS = ParserLimits(max_arguments=20)  # the original Rafka's argument limit
+
+
+def feed_pieces(parser: RequestParser, pieces: list[bytes]) -> Outcome:
+    """Feed the pieces one read at a time, taking every complete command after each."""
+    commands: list[list[bytes]] = []
+    try:
+        for piece in pieces:
+            parser.feed(piece)
+            while (command := parser.get_command()) is not None:
+                commands.append(command)
+    except ProtocolError as error:
+        return commands, str(error)
+    return commands, None
+
+
+def parse(make: MakeParser, data: bytes, limits: ParserLimits = DEFAULT_LIMITS) -> Outcome:
+    """Parse data whole, byte by byte and in two reads split at every position; all the
+    ways must agree (only inputs under 2 kB get the every-position split)."""
+    whole = feed_pieces(make(limits), [data])
+    splits = [[data[i : i + 1] for i in range(len(data))]]
+    if len(data) < 2048:
+        splits += [[data[:i], data[i:]] for i in range(1, len(data))]
+    for pieces in splits:
+        assert feed_pieces(make(limits), pieces) == whole, f"split {[len(p) for p in pieces]}"
+    return whole
+
+
+def commands_of(make: MakeParser, data: bytes, limits: ParserLimits = DEFAULT_LIMITS) -> list:
+    commands, error = parse(make, data, limits)
+    assert error is None, f"unexpected protocol error {error!r}"
+    return commands
+
+
+def error_of(make: MakeParser, data: bytes, limits: ParserLimits = DEFAULT_LIMITS) -> str:
+    commands, error = parse(make, data, limits)
+    assert error is not None, f"no protocol error; parsed {commands!r}"
+    return error
+
+
+def multibulk(*args: bytes) -> bytes:
+    return b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%b\r\n" % (len(a), a) for a in args)

@@ -1,0 +1,72 @@
+"""The `rafka` command as a real process (end-to-end tests, benchmarks)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import sys
+from pathlib import Path
+
+from backends.process import Child, start
+from tests.support.kafka import kafka_document
+from tests.support.tansu import free_port
+
+RAFKA = Path(sys.executable).parent / "rafka"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def port_answers_ping(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(16) == b"+PONG\r\n"
+    except OSError:
+        return False
+
+
+class RafkaProcess:
+    """`rafka -c <file> -p <port>` as a child process (dies with the test run), stopped
+    with SIGTERM."""
+
+    def __init__(self, config_path: Path, port: int | None = None, *args: str) -> None:
+        self.port = port or free_port()
+        self.config_path = config_path
+        self.args = args
+        self.child: Child | None = None
+
+    def start(self) -> None:
+        argv = [str(RAFKA), "-c", str(self.config_path), "--host", "127.0.0.1"]
+        self.child = start(
+            [*argv, "-p", str(self.port), *self.args],
+            name="rafka",
+            ready=lambda: port_answers_ping(self.port),
+            timeout=20,
+            cwd=REPO,
+            env={"PYTHONUNBUFFERED": "1"},
+            keep_lines=None,
+        )
+
+    def stderr(self) -> str:
+        return "\n".join(self.child.stderr_lines) if self.child is not None else ""
+
+    def kill(self) -> None:
+        """Make sure the process is gone (a failed test must not leave it running)."""
+        if self.child is not None:
+            self.child.kill()
+            self.child.wait(10)
+
+    def terminate(self, timeout: float = 30) -> int:
+        assert self.child is not None
+        code = self.child.stop(timeout)
+        if code == -signal.SIGKILL:
+            raise AssertionError(
+                f"rafka did not exit within {timeout}s of SIGTERM: {self.stderr()}"
+            )
+        return code
+
+
+def write_config(path: Path, bootstrap: str) -> Path:
+    """The tests' Kafka configuration (tests/support/kafka.py) as a `rafka -c` file."""
+    path.write_text(json.dumps(kafka_document(bootstrap), indent=2))
+    return path
