@@ -236,6 +236,12 @@ class Consumer(ABC):
         task must leave the consumer usable and lose no record.
         """
 
+    def next_ready(self) -> Record | None:
+        """The next record when it can be handed out at once, without waiting, I/O or a
+        thread hop (the gateway then answers BLPOP without a task); else None. Counts and
+        raises as next() does. This default has no fast path."""
+        return None
+
     @abstractmethod
     def ack(self, topic: str, partition: int, offset: int) -> None:
         """Store `offset + 1` as the committed position of (topic, partition).

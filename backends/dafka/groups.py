@@ -300,6 +300,14 @@ class Member(Consumer):
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
+    def next_ready(self) -> Record | None:
+        if self._closed:
+            return None
+        record = self.group.take(self)
+        if record is not None:
+            self._engine.stats.incr(Stats.CONSUMED)
+        return record
+
     async def next(self, timeout: float | None) -> Record | None:
         if self._closed:
             return None

@@ -157,6 +157,12 @@ class KafkaConsumer(Consumer):
         item = self._take()
         return None if item is None else self._hand_out(item)
 
+    def next_ready(self) -> Record | None:
+        if self._closing or time.monotonic() - self._fetched_at >= REFRESH:
+            return None  # a stale buffer first serves pending rebalances (next())
+        item = self._take()
+        return None if item is None else self._hand_out(item)
+
     def _take(self) -> Record | _Failure | None:
         with self._lock:
             return self._buffer.popleft() if self._buffer else None

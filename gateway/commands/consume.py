@@ -112,6 +112,12 @@ def blpop(session: Session, args: list[bytes]) -> Answer:
             assert session.consumer_id is not None
             raise errors.consumer_exclusive(session.id, session.consumer_id, consumer_id)
         # Same topics: reuse; a later BLPOP's JSON settings are ignored, as in Rafka.
+        try:
+            ready = session.consumer.next_ready()
+        except ConsumeError as error:
+            raise errors.from_engine(error) from None
+        if ready is not None:  # answered in this pass: no task, no wake-up
+            return record_reply(ready)
         return _next(session, session.consumer, timeout)
     return _create_then_next(session, topics, settings or {}, consumer_id, timeout)
 

@@ -344,3 +344,32 @@ def test_redis_py_errors_surface_as_response_errors(server: ServerThread) -> Non
     with pytest.raises(redis.ResponseError, match="CONS Connection not ready"):
         c.blpop(["topics:x"], 1)
     c.close()
+
+
+def test_pipelined_blpops_with_acks_between_hand_out_each_record_once(
+    server: ServerThread, new_topic: Callable[[int], str]
+) -> None:
+    """Records already fetched are answered in the same pass as the other pipelined
+    commands (the BLPOP fast path): order, acks and at-most-once-per-member still hold."""
+    fresh = new_topic(1)
+    with client(server) as producer:
+        values = [b"p%d" % i for i in range(30)]
+        assert producer.execute_command("RPUSHX", f"topics:{fresh}", *values) == 30
+        assert producer.execute_command("DUMP", "10000") == 0
+    name = f"{group()}:piped"
+    with named(server, name) as raw:
+        first = consume(raw, f"topics:{fresh}", "10")  # joins, fetches ahead
+        got = [first.split(b"\r\n")[-2]]
+        pipeline = []
+        for offset in range(1, 30):
+            pipeline.append(f"BLPOP topics:{fresh} 10\r\n")
+            pipeline.append(f"RPUSH acks {fresh}:0:{offset - 1}\r\n")
+        raw.send("".join(pipeline).encode())
+        for _ in range(29):
+            assert raw.read_line() == b"*8\r\n"
+            record = [raw.read_line() for _ in range(14)]
+            got.append(record[-1][:-2])
+            assert raw.read_line() == b":1\r\n", "the ack between two BLPOPs"
+        assert got == values, "each record once, in offset order"
+        raw.command("BLPOP", f"topics:{fresh}", "0.2")
+        raw.expect(b"*-1\r\n")
