@@ -18,8 +18,6 @@ one request leave a reader in one burst, and the observer is *settled* once it h
 
 from __future__ import annotations
 
-import contextlib
-import itertools
 import threading
 import time
 import uuid
@@ -29,12 +27,12 @@ import structlog
 import zmq
 
 from backends.dafka import proto
-from backends.dafka.beacon import Beacon, apply_events, bind_data_socket, new_subscribers, now_ms
+from backends.dafka.beacon import Beacon, apply_events, new_subscribers, now_ms
 from backends.dafka.config import Config
+from backends.dafka.node import Node
 
 log = structlog.get_logger(__name__)
 
-_instances = itertools.count()
 _EVERY_SUBJECT = ""
 
 
@@ -42,8 +40,10 @@ class NotSettled(Exception):
     """The stores did not all answer in time."""
 
 
-class Observer:
+class Observer(Node):
     """Heads of every partition the network holds, kept current from HEAD messages."""
+
+    kind = "observer"
 
     def __init__(
         self,
@@ -55,9 +55,6 @@ class Observer:
     ) -> None:
         """`on_head(topic, address, head)` runs on the actor thread for every head that
         moved (stored or published)."""
-        self.address = uuid.uuid4().hex.upper()
-        self._config = config
-        self._context = context or zmq.Context.instance()
         self._settle = settle
         self._on_head = on_head
         self._cond = threading.Condition()
@@ -72,21 +69,7 @@ class Observer:
         self._asked: set[str] = set()  # topics to ask every store about (actor picks up)
         self._last_answer = time.monotonic()
         self._refresh_requested = False
-        self._closed = False
-        self._pipe_endpoint = f"inproc://dafka-observer-{self.address}-{next(_instances)}"
-        self._pipe = self._context.socket(zmq.PAIR)
-        self._pipe.linger = 0
-        self._pipe.bind(self._pipe_endpoint)
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="dafka-observer", daemon=True)
-        self._thread.start()
-        self._ready.wait()
-        if self._error is not None:
-            self._thread.join()
-            self._pipe.close()
-            self._closed = True
-            raise self._error
+        super().__init__(config, context, self._cond)
 
     # -- user side (any thread) ---------------------------------------------------------
 
@@ -125,8 +108,7 @@ class Observer:
         with self._cond:
             self._refresh_requested = True
             self._last_answer = time.monotonic()
-            with contextlib.suppress(zmq.Again):
-                self._pipe.send(b"R", zmq.NOBLOCK)
+            self._wake(b"R")
         self.wait_settled(min_stores, timeout)
 
     def note_stored(self, topic: str, address: str, head: int) -> None:
@@ -140,8 +122,7 @@ class Observer:
         """Ask every store again for the heads of `topics` (answers update the tables)."""
         with self._cond:
             self._asked |= topics
-            with contextlib.suppress(zmq.Again):
-                self._pipe.send(b"A", zmq.NOBLOCK)
+            self._wake(b"A")
 
     def held_by_all(self, topic: str, address: str) -> int:
         """The head every store the tower knows holds (-1: not all hold anything)."""
@@ -168,54 +149,14 @@ class Observer:
         with self._cond:
             return {t for t, _ in self._stored} | {t for t, _ in self._published}
 
-    def close(self) -> None:
-        with self._cond:
-            if self._closed:
-                return
-            self._closed = True
-            with contextlib.suppress(zmq.Again):
-                self._pipe.send(b"T", zmq.NOBLOCK)
-        self._thread.join()
-        self._pipe.close()
-
     # -- actor --------------------------------------------------------------------------
 
-    def _run(self) -> None:
-        ctx = self._context
-        pipe = ctx.socket(zmq.PAIR)
-        sub = ctx.socket(zmq.SUB)
-        xpub = ctx.socket(zmq.XPUB)
-        beacon: Beacon | None = None
-        for sock in (pipe, sub, xpub):
-            sock.linger = 0
-        try:
-            pipe.connect(self._pipe_endpoint)
-            xpub.setsockopt(zmq.XPUB_VERBOSE, 1)
-            port = bind_data_socket(xpub, self._config, sub)
-            sub.setsockopt(zmq.SUBSCRIBE, proto.subscription(proto.HEAD))
-            for msg_id in (proto.DIRECT_HEAD, proto.STORE_HELLO):
-                sub.setsockopt(zmq.SUBSCRIBE, proto.subscription(msg_id, self.address))
-            beacon = Beacon(self._config, self.address, ctx)
-            beacon.wait_ready()
-            beacon.start(port)
-        except BaseException as error:
-            self._error = error
-            if beacon is not None:
-                beacon.close()
-            for sock in (pipe, sub, xpub):
-                sock.close()
-            self._ready.set()
-            return
-        self._ready.set()
-        try:
-            self._loop(pipe, sub, xpub, beacon)
-        except BaseException:
-            log.exception("dafka observer stopped on an error", observer=self.address)
-        finally:
-            beacon.stop()
-            beacon.close()
-            for sock in (pipe, sub, xpub):
-                sock.close()
+    def _subscriptions(self) -> list[bytes]:
+        return [
+            proto.subscription(proto.HEAD),
+            proto.subscription(proto.DIRECT_HEAD, self.address),
+            proto.subscription(proto.STORE_HELLO, self.address),
+        ]
 
     def _loop(self, pipe: zmq.Socket, sub: zmq.Socket, xpub: zmq.Socket, beacon: Beacon) -> None:
         poller = zmq.Poller()

@@ -29,10 +29,6 @@ GET_HEADS at subscribe and again on `heads_schedule.py`'s backoff (issue 7), and
 from __future__ import annotations
 
 import collections
-import contextlib
-import itertools
-import threading
-import uuid
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -40,14 +36,14 @@ import structlog
 import zmq
 
 from backends.dafka import proto
-from backends.dafka.beacon import Beacon, apply_events, bind_data_socket, new_subscribers, now_ms
+from backends.dafka.beacon import Beacon, apply_events, new_subscribers, now_ms
 from backends.dafka.config import Config
 from backends.dafka.heads_schedule import HeadsSchedule
+from backends.dafka.node import Node
 from backends.dafka.producer import check_topic
 
 log = structlog.get_logger(__name__)
 
-_instances = itertools.count()
 MAX_FETCH = 10_000  # records asked for in one FETCH
 _BATCH = 100_000
 
@@ -93,36 +89,20 @@ class _Partition:
         self.cursors: dict[Hashable, _Cursor] = {}
 
 
-class Reader:
+class Reader(Node):
+    kind = "reader"
+
     def __init__(
         self,
         config: Config,
         sink: Callable[[list[Event]], None],
         context: zmq.Context | None = None,
     ) -> None:
-        self.address = uuid.uuid4().hex.upper()
-        self._config = config
-        self._context = context or zmq.Context.instance()
         self._sink = sink
         self._retry = max(10, config.get_int("consumer/fetch_retry_interval", 500))
         self._heads_interval = config.get_int("consumer/heads_interval")
-        self._lock = threading.Lock()
         self._commands: collections.deque[tuple[str, tuple[Any, ...]]] = collections.deque()
-        self._closed = False
-        self._pipe_endpoint = f"inproc://dafka-reader-{self.address}-{next(_instances)}"
-        self._pipe = self._context.socket(zmq.PAIR)
-        self._pipe.linger = 0
-        self._pipe.bind(self._pipe_endpoint)
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="dafka-reader", daemon=True)
-        self._thread.start()
-        self._ready.wait()
-        if self._error is not None:
-            self._thread.join()
-            self._pipe.close()
-            self._closed = True
-            raise self._error
+        super().__init__(config, context)
 
     # -- owner side (any thread, never blocks) -------------------------------------------
 
@@ -161,16 +141,6 @@ class Reader:
     def drop(self, cursor: Hashable) -> None:
         self._command("drop", cursor)
 
-    def close(self) -> None:
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            with contextlib.suppress(zmq.Again):
-                self._pipe.send(b"T", zmq.NOBLOCK)
-        self._thread.join()
-        self._pipe.close()
-
     def _command(self, name: str, *args: Any) -> None:
         with self._lock:
             if self._closed:
@@ -178,46 +148,18 @@ class Reader:
             first = not self._commands
             self._commands.append((name, args))
             if first:
-                with contextlib.suppress(zmq.Again):
-                    self._pipe.send(b"C", zmq.NOBLOCK)
+                self._wake(b"C")
 
     # -- actor --------------------------------------------------------------------------
 
-    def _run(self) -> None:
-        ctx = self._context
-        pipe = ctx.socket(zmq.PAIR)
-        sub = ctx.socket(zmq.SUB)
-        xpub = ctx.socket(zmq.XPUB)
-        beacon: Beacon | None = None
-        for sock in (pipe, sub, xpub):
-            sock.linger = 0
-        try:
-            pipe.connect(self._pipe_endpoint)
-            xpub.setsockopt(zmq.XPUB_VERBOSE, 1)
-            port = bind_data_socket(xpub, self._config, sub)
-            for msg_id in (proto.DIRECT_RECORD, proto.DIRECT_HEAD, proto.STORE_HELLO):
-                sub.setsockopt(zmq.SUBSCRIBE, proto.subscription(msg_id, self.address))
-            beacon = Beacon(self._config, self.address, ctx)
-            beacon.wait_ready()
-            beacon.start(port)
-        except BaseException as error:
-            self._error = error
-            if beacon is not None:
-                beacon.close()
-            for sock in (pipe, sub, xpub):
-                sock.close()
-            self._ready.set()
-            return
-        self._ready.set()
-        try:
-            _Actor(self, sub, xpub).loop(pipe, beacon)
-        except BaseException:
-            log.exception("dafka reader stopped on an error", reader=self.address)
-        finally:
-            beacon.stop()
-            beacon.close()
-            for sock in (pipe, sub, xpub):
-                sock.close()
+    def _subscriptions(self) -> list[bytes]:
+        return [
+            proto.subscription(msg_id, self.address)
+            for msg_id in (proto.DIRECT_RECORD, proto.DIRECT_HEAD, proto.STORE_HELLO)
+        ]
+
+    def _loop(self, pipe: zmq.Socket, sub: zmq.Socket, xpub: zmq.Socket, beacon: Beacon) -> None:
+        _Actor(self, sub, xpub).loop(pipe, beacon)
 
 
 class _Actor:
