@@ -6,20 +6,22 @@ Started with `--save '' --appendonly no` (nothing written to disk), stopped afte
 from __future__ import annotations
 
 import shutil
+import socket
+import subprocess
 import tempfile
+import time
 from types import TracebackType
 
 import redis
 
-from backends.process import Child, start
-from tests.support.tansu import accepts_connections, free_port
+from tests.support.tansu import free_port
 
 
 class RedisServer:
     def __init__(self, startup_timeout: float = 10.0) -> None:
         self.port = free_port()
         self._startup_timeout = startup_timeout
-        self._child: Child | None = None
+        self._process: subprocess.Popen[bytes] | None = None
         self._directory: tempfile.TemporaryDirectory[str] | None = None
 
     @property
@@ -31,22 +33,50 @@ class RedisServer:
         if binary is None:
             raise FileNotFoundError("redis-server is not installed (make system-packages)")
         self._directory = tempfile.TemporaryDirectory(prefix="rafka-redis-")
-        # Nothing written to disk: no RDB snapshot, no append-only file.
-        settings = ["--save", "", "--appendonly", "no", "--dir", self._directory.name]
-        self._child = start(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", *settings],
-            name="redis-server",
-            ready=lambda: accepts_connections(self.port),
-            timeout=self._startup_timeout,
+        self._process = subprocess.Popen(
+            [
+                binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                self._directory.name,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
+        deadline = time.monotonic() + self._startup_timeout
+        while True:
+            if self._process.poll() is not None:
+                raise RuntimeError(f"redis-server exited with {self._process.returncode}")
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise TimeoutError(
+                        f"redis-server did not listen on {self.port} in {self._startup_timeout}s"
+                    ) from None
+                time.sleep(0.02)
 
     def client(self, protocol: int = 3) -> redis.Redis:
         return redis.Redis(host="127.0.0.1", port=self.port, protocol=protocol)
 
     def stop(self) -> None:
-        child, self._child = self._child, None
-        if child is not None:
-            child.stop(5)
+        process, self._process = self._process, None
+        if process is not None:
+            process.terminate()
+            try:
+                process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
         directory, self._directory = self._directory, None
         if directory is not None:
             directory.cleanup()

@@ -9,10 +9,9 @@ from __future__ import annotations
 import os
 import secrets
 import socket
+import subprocess
 import time
 from pathlib import Path
-
-from backends.process import Child, start
 
 
 def tansu_binary() -> Path:
@@ -31,15 +30,6 @@ def free_port(host: str = "127.0.0.1") -> int:
         return port
 
 
-def accepts_connections(port: int) -> bool:
-    """A readiness probe for `backends.process.start`: something listens on the port."""
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-    except OSError:
-        return False
-    return True
-
-
 class TansuBroker:
     """A Tansu broker on 127.0.0.1:`port` with in-memory storage."""
 
@@ -47,11 +37,11 @@ class TansuBroker:
         self.port = port or free_port()
         self.bootstrap = f"127.0.0.1:{self.port}"
         self._startup_timeout = startup_timeout
-        self._child: Child | None = None
+        self._process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         url = f"tcp://127.0.0.1:{self.port}"
-        self._child = start(
+        self._process = subprocess.Popen(
             [
                 str(tansu_binary()),
                 "broker",
@@ -62,16 +52,35 @@ class TansuBroker:
                 "--storage-engine",
                 "memory://tansu/",
             ],
-            name="tansu",
-            ready=lambda: accepts_connections(self.port),
-            timeout=self._startup_timeout,
-            env={"RUST_LOG": os.environ.get("TANSU_LOG", "error")},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env={**os.environ, "RUST_LOG": os.environ.get("TANSU_LOG", "error")},
         )
+        deadline = time.monotonic() + self._startup_timeout
+        while True:
+            if self._process.poll() is not None:
+                raise RuntimeError(f"tansu exited with {self._process.returncode} at start")
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise TimeoutError(
+                        f"tansu did not listen on {self.bootstrap} within {self._startup_timeout}s"
+                    ) from None
+                time.sleep(0.02)
 
     def stop(self) -> None:
-        child, self._child = self._child, None
-        if child is not None:
-            child.stop(5)
+        process, self._process = self._process, None
+        if process is None:
+            return
+        process.terminate()
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
     def create_topic(self, partitions: int = 4, timeout: float = 10.0) -> str:
         """A fresh topic `r-<6 hex>` (Rafka's test naming), returned once the broker lists it
