@@ -79,7 +79,7 @@ class HiredisFastPath(FastPath):
                 not buf.startswith(encoded, pos)
                 or len(command) > max_args
                 or size > max_query
-                or (size > max_bulk and max(map(len, command)) > max_bulk)
+                or (size > max_bulk and max(map(len, command), default=0) > max_bulk)
             ):
                 break
             ready.append(command)

@@ -125,6 +125,18 @@ class RequestParser(ABC):
     def get_command(self) -> list[bytes] | None:
         """The next complete command, or None when more data is needed."""
 
+    @property
+    @abstractmethod
+    def buffered(self) -> int:
+        """Bytes received for the unfinished command (headers and data so far, not the
+        complete commands waiting in the parser). Once ``get_command`` has returned None,
+        at most ``max(max_query_buffer, max_inline_length)`` plus the last read."""
+
+    @property
+    @abstractmethod
+    def pending(self) -> bool:
+        """True while part of a command has arrived but not all of it."""
+
 
 class FastPath(ABC):
     """A faster reader of runs of complete multibulk commands, in front of the state
@@ -226,6 +238,14 @@ class PythonRequestParser(RequestParser):
         self._chunked += len(data)
         if self._need_newline and not self._newline_arrived and b"\n" in data:
             self._newline_arrived = True
+
+    @property
+    def buffered(self) -> int:
+        return self._cmd_bytes + len(self._buf) - self._pos + self._chunked
+
+    @property
+    def pending(self) -> bool:
+        return self._args is not None or self._pos < len(self._buf) or self._chunked > 0
 
     def get_command(self) -> list[bytes] | None:
         if self._ready:
@@ -351,6 +371,8 @@ class PythonRequestParser(RequestParser):
             self._buf = b""  # nothing more will be parsed: release the memory
             self._pos = 0
             self._chunks.clear()
+            self._chunked = 0
+            self._cmd_bytes = 0
             return
         # Keep only the unparsed tail: arguments already read were copied out of buf.
         self._buf = buf[pos:] if pos < end else b""
