@@ -26,8 +26,9 @@ sent by the server as ``-<text>\\r\\n`` before it closes the connection:
 ``LineTooLong``
     an inline line (counting a trailing ``\\r``, not the ``\\n``) longer than
     ``max_inline_length``.
-``Protocol error: unbalanced quotes in request``
-    Redis's text for an inline line that its quoting rules reject.
+``ERR Protocol error: unbalanced quotes in request``
+    Redis's text (with its ``ERR`` prefix, byte for byte) for an inline line that its
+    quoting rules reject.
 
 Where we deliberately differ from go-redisproto:
 
