@@ -5,6 +5,7 @@ plaintext port off unless asked, and clear start-up errors for bad files."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import socket
 import ssl
@@ -15,13 +16,16 @@ from typing import Any
 
 import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
-from gateway.config import Config, ConfigError, from_dict
+from gateway.config import Config, ConfigError, from_args, from_dict
 from gateway.runner import ServerThread
 from gateway.tls import server_context
 from tests.support.certs import Certs, make_certs
 from tests.support.fixtures import EngineFactories
 from tests.support.gateway import Raw, running
+from tests.support.rafka_process import RAFKA
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +65,7 @@ def tls_client(server: ServerThread, certs: Certs, **kwargs: Any) -> redis.Redis
         ssl=True,
         ssl_ca_certs=str(certs.ca),
         socket_timeout=10,
-        retry=None,
+        retry=Retry(NoBackoff(), 0),
         **kwargs,
     )
 
@@ -191,9 +195,8 @@ def test_redis_cli_tls(engines: EngineFactories, certs: Certs) -> None:
 
 
 def _start_error(engines: EngineFactories, **settings: Any) -> str:
-    with pytest.raises(ConfigError) as caught:
-        with running(memory_config(engines, **settings)):
-            pass
+    with pytest.raises(ConfigError) as caught, running(memory_config(engines, **settings)):
+        pass
     return str(caught.value)
 
 
@@ -250,8 +253,99 @@ def _as_fields(settings: dict[str, Any]) -> dict[str, Any]:
 
 def test_stalled_handshake_does_not_hold_up_others(tls_server: ServerThread, certs: Certs) -> None:
     """A TCP client that never starts its handshake holds no session and delays no one."""
-    with socket.create_connection(("127.0.0.1", tls_server.tls_port)):
-        with tls_raw(tls_server.tls_port, certs) as other:
-            other.command("PING")
-            other.expect(b"+PONG\r\n")
-            assert tls_server.server.connections == 1
+    stalled = socket.create_connection(("127.0.0.1", tls_server.tls_port))
+    with stalled, tls_raw(tls_server.tls_port, certs) as other:
+        other.command("PING")
+        other.expect(b"+PONG\r\n")
+        assert tls_server.server.connections == 1
+
+
+# --- settings: redis.conf names in the file, --tls-* flags ---------------------------------
+
+
+def test_tls_settings_from_the_file_and_flags(certs: Certs, tmp_path: Path) -> None:
+    files = {k: v for k, v in tls_settings(certs, "optional").items() if k != "tls-port"}
+    path = tmp_path / "rafka.json"
+    path.write_text(json.dumps({"gateway": {"tls-port": 6390, **files}}))
+    config = from_args(["-c", str(path)])
+    assert (config.port, config.tls_port, config.tls_auth_clients) == (None, 6390, "optional")
+    assert config.tls_ca_cert_file == str(certs.ca)
+    # The plaintext port is on when asked for: in the file, or with -p.
+    assert from_args(["-c", str(path), "-p", "7001"]).port == 7001
+    path.write_text(json.dumps({"gateway": {"port": 6380, "tls_port": 6390, **files}}))
+    assert (from_args(["-c", str(path)]).port, from_args(["-c", str(path)]).tls_port) == (
+        6380,
+        6390,
+    )
+    # Flags alone, and flags over the file.
+    flags = [
+        "--tls-port",
+        "7002",
+        "--tls-cert-file",
+        str(certs.server_cert),
+        "--tls-key-file",
+        str(certs.server_key),
+        "--tls-auth-clients",
+        "no",
+    ]
+    config = from_args(["-c", str(path), *flags])
+    assert (config.port, config.tls_port, config.tls_auth_clients) == (6380, 7002, "no")
+    empty = tmp_path / "empty.json"
+    empty.write_text("{}")
+    config = from_args(["-c", str(empty), *flags])
+    assert (config.port, config.tls_port, config.tls_cert_file) == (
+        None,
+        7002,
+        str(certs.server_cert),
+    )
+
+
+@pytest.mark.parametrize(
+    ("gateway", "message"),
+    [
+        ({"tls-port": 1}, "gateway.tls-port is set but gateway.tls-cert-file is not"),
+        (
+            {"tls-port": 1, "tls-cert-file": "c"},
+            "gateway.tls-port is set but gateway.tls-key-file is not",
+        ),
+        (
+            {"tls-port": 1, "tls-cert-file": "c", "tls-key-file": "k"},
+            "gateway.tls-auth-clients is 'yes' but gateway.tls-ca-cert-file is not set",
+        ),
+        ({"tls-auth-clients": "maybe"}, "gateway.tls-auth-clients must be one of yes, optional"),
+        ({"tls-port": 70000}, "gateway.tls-port must be >= 0 and <= 65535"),
+        ({"tls-port": 1, "tls_port": 2}, "gateway.tls-port is given twice"),
+        ({"tls-prot": 1}, "unknown setting gateway.tls-prot (known: "),
+    ],
+)
+def test_bad_tls_settings(gateway: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        from_dict({"gateway": gateway})
+    assert str(caught.value).startswith(message)
+
+
+def test_rafka_exits_1_naming_a_missing_certificate(certs: Certs, tmp_path: Path) -> None:
+    missing = tmp_path / "missing.pem"
+    done = subprocess.run(
+        [
+            str(RAFKA),
+            "--tls-port",
+            "0",
+            "--tls-cert-file",
+            str(missing),
+            "--tls-key-file",
+            str(certs.server_key),
+            "--tls-auth-clients",
+            "no",
+            "--data-dir",
+            str(tmp_path / "data"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 1, done.stderr
+    assert f"rafka: tls-cert-file {missing}: no such file" in done.stderr.splitlines()
+    # Refused before the engine started: nothing was written.
+    assert not (tmp_path / "data").exists()
