@@ -6,6 +6,7 @@ plaintext port off unless asked, and clear start-up errors for bad files."""
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import socket
 import ssl
@@ -26,6 +27,7 @@ from tests.support.certs import Certs, make_certs
 from tests.support.fixtures import EngineFactories
 from tests.support.gateway import Raw, running
 from tests.support.rafka_process import RAFKA
+from tests.support.waiting import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -349,3 +351,18 @@ def test_rafka_exits_1_naming_a_missing_certificate(certs: Certs, tmp_path: Path
     assert f"rafka: tls-cert-file {missing}: no such file" in done.stderr.splitlines()
     # Refused before the engine started: nothing was written.
     assert not (tmp_path / "data").exists()
+
+
+def test_a_clean_tls_close_releases_the_connection_quietly(
+    tls_server: ServerThread, certs: Certs, caplog: pytest.LogCaptureFixture
+) -> None:
+    """close_notify (EOF inside TLS) ends the session like a TCP EOF, without asyncio's
+    "returning true from eof_received() has no effect when using ssl" warning."""
+    caplog.set_level(logging.WARNING, logger="asyncio")
+    raw = tls_raw(tls_server.tls_port, certs)
+    raw.command("PING")
+    raw.expect(b"+PONG\r\n")
+    assert isinstance(raw.sock, ssl.SSLSocket)
+    raw.sock.unwrap().close()
+    wait_until(lambda: tls_server.server.connections == 0, 5, "the TLS connection is released")
+    assert not [r for r in caplog.records if r.name == "asyncio"], caplog.text
