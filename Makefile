@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
 .PHONY: run test test-fast venv system-packages lint typecheck compose-check pytest bench \
-	bench-dafka clean
+	bench-dafka bench-tls clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -75,6 +75,10 @@ bench: venv system-packages
 # The Dafka programs (tower, store, perf tools) as processes on loopback: throughput, latency.
 bench-dafka: venv
 	$(BIN)/python bench/dafka.py
+
+# TLS vs plaintext on one gateway (embedded Dafka), with redis-benchmark (about 2 min).
+bench-tls: venv system-packages
+	$(BIN)/python bench/tls.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
