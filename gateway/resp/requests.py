@@ -56,9 +56,11 @@ Where we deliberately differ from go-redisproto:
   ``*01\\r\\n$+1\\r\\na\\r\\n`` is ``[b"a"]``.
 
 Bounded buffering: one unfinished command never makes the parser hold more than
-``max_query_buffer`` bytes plus the last read. Sizes are checked when a header line is
-complete, before any of the data it announces is awaited, and header lines themselves
-are at most 23 bytes.
+``max(max_query_buffer, max_inline_length)`` bytes, plus one unfinished header line, plus
+the last read. Sizes are checked when a header line is complete, before any of the data
+it announces is awaited, and header lines themselves are at most 23 bytes (so the
+bytes of a command that fit the limit can be followed by the start of a header that
+will take it past the limit, judged once that header is complete).
 
 Two implementations give identical results for identical byte streams, however they are
 split into reads: ``PythonRequestParser`` (pure Python) and ``HiredisRequestParser``,
@@ -131,7 +133,8 @@ class RequestParser(ABC):
     def buffered(self) -> int:
         """Bytes received for the unfinished command (headers and data so far, not the
         complete commands waiting in the parser). Once ``get_command`` has returned None,
-        at most ``max(max_query_buffer, max_inline_length)`` plus the last read."""
+        at most ``max(max_query_buffer, max_inline_length)`` + 23 (one header line) plus
+        the last read."""
 
     @property
     @abstractmethod
