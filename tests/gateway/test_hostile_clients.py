@@ -110,7 +110,7 @@ def test_a_client_that_never_reads_holds_a_bounded_reply_buffer(
                 peak = max(peak, connection.unsent)
                 return connection.reading_paused and not done.is_set()
 
-            wait_until(stalled, 30, "the gateway to stop reading the client that never reads")
+            wait_until(stalled, 90, "the gateway to stop reading the client that never reads")
             for _ in range(20):  # it stays stalled, within the bound, others served
                 assert stalled()
         assert peak <= bound, f"{peak} bytes of replies held for one client, bound {bound}"
@@ -118,7 +118,7 @@ def test_a_client_that_never_reads_holds_a_bounded_reply_buffer(
         # One read (asyncio reads up to 256 KiB) is parsed at once: the reference is the
         # time that takes here, now (the machine is shared, timings are noisy).
         reference = parse_time(request_line * (256 * 1024 // len(request_line)))
-        allowed = PROMPT + 5 * reference
+        allowed = 2 * PROMPT + 10 * reference
         assert worst_ping < allowed, (
             f"a bystander's PING took {worst_ping:.2f}s (allowed {allowed:.2f}s: parsing one "
             f"read takes {reference:.3f}s)"
