@@ -68,7 +68,9 @@ which lets ``hiredis.Reader`` parse runs of complete multibulk commands and acce
 command only when its canonical encoding matches the input bytes exactly and it is within
 the limits. Everything else (inline lines, unfinished commands, anything hiredis rejects
 or parses differently) goes through the same Python state machine, so the two cannot
-disagree. hiredis only ever sees the bytes already received.
+disagree. hiredis only ever sees the bytes already received, and never an aggregate
+header (``*``, ``%``, ``~``, ``>``, ``|``) whose count is above ``max_arguments``: it
+allocates the list as soon as it reads the header.
 """
 
 from __future__ import annotations

@@ -12,7 +12,9 @@ the file runs in a few seconds on a 2-core machine.
 from __future__ import annotations
 
 import itertools
+import time
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -26,7 +28,7 @@ from gateway.resp import (
 )
 from tests.gateway.resp.parsing import Outcome
 
-HOSTILE = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+HOSTILE = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 LIMITS = st.builds(
     ParserLimits,
@@ -152,3 +154,36 @@ def test_property_a_stream_that_never_ends_a_command_is_cut(
                     break
                 assert parser.buffered <= 3000 + HEADER_LINE + len(piece)
             assert with_error, "the endless command was never refused"
+
+
+HUGE_AGGREGATES = [
+    b"*2147483647\r\n",  # a command announcing 2^31 - 1 arguments
+    b"*1\r\n$4\r\nPING\r\n*2147483647\r\n",  # behind a command hiredis takes
+    b"*1\r\n*2147483647\r\n",  # nested
+    b"*2\r\n$4\r\nPING\r\n%2147483647\r\n",  # a RESP3 map where a bulk belongs
+    b"*1\r\n$4\r\nPING\r\n" * 5000 + b"*-2147483647\r\n",  # past hiredis's first step
+]
+
+
+@pytest.mark.parametrize("data", HUGE_AGGREGATES, ids=range(len(HUGE_AGGREGATES)))
+def test_huge_aggregate_counts_never_reach_hiredis(data: bytes) -> None:
+    """hiredis allocates an aggregate's list when it reads its header: fed
+    `*2147483647\\r\\n` it spent 5 s of CPU (17 s under load) before we refused the
+    command, blocking every connection. The fast path now stops before such a header,
+    and the state machine refuses it at once, as the pure-Python parser does."""
+    expected = feed_checked(PythonRequestParser(), [data], ParserLimits())
+    for pieces in ([data], [data[:7], data[7:]], split_at(data, [len(data) - 9])):
+        started = time.monotonic()
+        outcome = feed_checked(HiredisRequestParser(), pieces, ParserLimits())
+        elapsed = time.monotonic() - started
+        assert outcome == expected
+        assert elapsed < 0.5, f"{elapsed:.2f}s to refuse {data[-16:]!r}"
+
+
+def test_long_digit_runs_in_bulk_data_do_not_trouble_the_fast_path() -> None:
+    """Data that looks like a huge count (an aggregate char and thousands of digits,
+    more than int() accepts) is only data: it parses back."""
+    commands = [[b"RPUSHX", b"topics:t", b"*" + b"9" * 5000], [b"PING"]]
+    data = encode_many(commands, 2)
+    for pieces in ([data], [data[i : i + 1000] for i in range(0, len(data), 1000)]):
+        assert feed_checked(HiredisRequestParser(), pieces, ParserLimits()) == (commands, None)
