@@ -208,11 +208,17 @@ def test_a_command_bigger_than_the_query_buffer_is_refused(
         raw.assert_closed()
 
 
-def test_too_many_arguments_refused_at_the_header(server: ServerThread) -> None:
+@pytest.mark.parametrize("count", [None, 2**31 - 1], ids=["limit+1", "2**31-1"])
+def test_too_many_arguments_refused_at_the_header(server: ServerThread, count: int | None) -> None:
+    """Refused at once, and without stalling the others: hiredis, fed 2**31 - 1, spent
+    seconds allocating the list before the count was checked."""
     limit = server.server.limits.max_arguments
+    header = b"*%d\r\n" % (limit + 1 if count is None else count)
     with Raw(server.port) as bystander, Raw(server.port) as raw:
-        raw.send(b"*%d\r\n" % (limit + 1))
+        started = time.monotonic()
+        raw.send(header)
         raw.expect(b"-TooManyArg\r\n")
+        assert time.monotonic() - started < PROMPT
         raw.assert_closed()
         assert ping_time(bystander) < PROMPT
 
