@@ -64,6 +64,7 @@ from backends.dafka.catalog import TOPICS_TOPIC, Catalog, TopicEntry, retention_
 from backends.dafka.config import Config, ConfigError
 from backends.dafka.fetch_filter import FetchFilter
 from backends.dafka.head_push import HeadPush
+from backends.dafka.node import Actor, SocketFactory
 from backends.dafka.storage import PartitionState, Retention, Storage, partition_prefix
 
 log = structlog.get_logger(__name__)
@@ -75,7 +76,6 @@ _PARTITION_CACHE = 100_000  # partitions kept in the writer's memory between bat
 _PACK_SEQ = struct.Struct(">Q").pack
 _UNPACK_SEQ = struct.Struct(">Q").unpack_from
 _PACK_SEQ_COUNT = struct.Struct(">QI").pack
-_TERM = b"$TERM"
 _NONE = -1  # head of a partition with nothing stored
 INTERNAL_PREFIX = "__rafka"  # the gateway's own topics: never deleted through the catalog
 
@@ -198,13 +198,12 @@ class Store:
         self._retention_thread: threading.Thread | None = None
         try:
             self._writer = _Writer(self)
-            self._reader = _Reader(self)
-            self._writer.start()
-            self._reader.start()
+            try:
+                self._reader = _Reader(self)
+            except BaseException:
+                self._writer.close()
+                raise
         except BaseException:
-            for actor in (getattr(self, "_writer", None), getattr(self, "_reader", None)):
-                if actor is not None:
-                    actor.stop()
             self.storage.close()
             self._closed = True
             raise
@@ -234,8 +233,8 @@ class Store:
         self._stop_retention.set()
         if self._retention_thread is not None:
             self._retention_thread.join()
-        self._writer.stop()
-        self._reader.stop()
+        self._writer.close()
+        self._reader.close()
         self.storage.close()
 
     def __enter__(self) -> Store:
@@ -267,82 +266,21 @@ class Store:
                 log.info("dafka store retention", deleted=deleted)
 
 
-class _Actor:
-    """A thread with its own sockets, a beacon, and a PAIR pipe for $TERM (spec §2.1)."""
-
-    name = "actor"
+class _Actor(Actor):
+    """What the writer and the reader share: the store, its DB and its settings.
+    Subclasses set their own state first: the thread starts in this constructor."""
 
     def __init__(self, store: Store, uuid_: str) -> None:
         self.store = store
         self.uuid = uuid_
         self.config = store._config
-        self.context = store._context
         self.storage = store.storage
         self.verbose = store.verbose
         self.hwm = self.config.get_int("store/high_watermark", 1_000_000)
-        self.port = 0
-        self._pipe_endpoint = f"inproc://dafka-store-{self.name}-{uuid_}"
-        self._pipe: zmq.Socket | None = None
-        self._thread = threading.Thread(
-            target=self._run, name=f"dafka-store-{self.name}", daemon=True
-        )
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
+        super().__init__(store._config, store._context, address=uuid_)
 
-    def start(self) -> None:
-        pipe = self.context.socket(zmq.PAIR)
-        pipe.linger = 0
-        pipe.bind(self._pipe_endpoint)
-        self._pipe = pipe
-        self._thread.start()
-        self._ready.wait()
-        if self._error is not None:
-            raise self._error
-
-    def stop(self) -> None:
-        if self._pipe is None:
-            return
-        if self._thread.is_alive():
-            self._pipe.send(_TERM)
-            self._thread.join()
-        self._pipe.close()
-        self._pipe = None
-
-    def _run(self) -> None:
-        pipe = self.context.socket(zmq.PAIR)
-        pipe.linger = 0
-        sockets: list[zmq.Socket] = [pipe]
-        beacon: Beacon | None = None
-        try:
-            pipe.connect(self._pipe_endpoint)
-            sockets.extend(self._open())
-            beacon = Beacon(self.config, self.uuid, self.context)
-            beacon.wait_ready()
-            beacon.start(self.port)
-        except BaseException as error:  # re-raised by start() in the owner's thread
-            self._error = error
-            if beacon is not None:
-                beacon.close()
-            for sock in sockets:
-                sock.close()
-            self._ready.set()
-            return
-        self._ready.set()
-        try:
-            self._loop(pipe, beacon)
-        except Exception:
-            log.exception(f"dafka store {self.name} stopped on an unexpected error")
-        finally:
-            beacon.stop()
-            beacon.close()
-            for sock in sockets:
-                sock.close()
-
-    def _open(self) -> list[zmq.Socket]:
-        raise NotImplementedError
-
-    def _loop(self, pipe: zmq.Socket, beacon: Beacon) -> None:
-        raise NotImplementedError
+    def close(self) -> None:
+        self._shut_down()
 
 
 class _Partition:
@@ -390,30 +328,28 @@ class _Partition:
 
 
 class _Writer(_Actor):
-    name = "writer"
+    kind = "store-writer"
 
     def __init__(self, store: Store) -> None:
-        super().__init__(store, store.address)
-        self.retry_interval = max(10, self.config.get_int("store/fetch_retry_interval", 1000))
-        self.retry_timeout = self.config.get_int("store/fetch_retry_timeout", 60_000)
+        config = store._config
+        self.retry_interval = max(10, config.get_int("store/fetch_retry_interval", 1000))
+        self.retry_timeout = config.get_int("store/fetch_retry_timeout", 60_000)
         # <= 0 turns the periodic GET_HEADS off (the hello handshake still runs).
-        self.heads_interval = self.config.get_int("store/heads_interval", 5000)
+        self.heads_interval = config.get_int("store/heads_interval", 5000)
         self.reader_uuid = store.reader_address
         self.filter = FetchFilter()
         self.partitions: dict[tuple[str, str], _Partition] = {}
         self.by_body: dict[bytes, _Partition] = {}  # raw record body -> partition
         self.gapped: set[_Partition] = set()
         self.deleted: list[tuple[bytes, int]] = []  # topics deleted in this batch
+        super().__init__(store, store.address)
 
-    def _open(self) -> list[zmq.Socket]:
-        ctx = self.context
+    def _open(self, socket: SocketFactory) -> int:
         # An XPUB (C: a PUB; the same to every SUB) so that we see a store reader's SUB
         # subscribe `W<reader>`: from then on our CONSUMER_HELLO reaches that reader.
-        self.pub = ctx.socket(zmq.XPUB)
-        self.direct = ctx.socket(zmq.SUB)
-        self.msg = ctx.socket(zmq.SUB)
-        for sock in (self.pub, self.direct, self.msg):
-            sock.linger = 0
+        self.pub = socket(zmq.XPUB)
+        self.direct = socket(zmq.SUB)
+        self.msg = socket(zmq.SUB)
         for sock in (self.direct, self.msg):
             sock.rcvhwm = self.hwm
         self.pub.sndhwm = self.hwm
@@ -424,10 +360,9 @@ class _Writer(_Actor):
             self.direct.setsockopt(zmq.SUBSCRIBE, proto.subscription(kind, self.uuid))
         self.msg.setsockopt(zmq.SUBSCRIBE, proto.subscription(proto.RECORD))
         self.msg.setsockopt(zmq.SUBSCRIBE, proto.subscription(proto.HEAD))
-        self.port = bind_data_socket(self.pub, self.config, self.direct, self.msg)
-        return [self.pub, self.direct, self.msg]
+        return bind_data_socket(self.pub, self.config, self.direct, self.msg)
 
-    def _loop(self, pipe: zmq.Socket, beacon: Beacon) -> None:
+    def _serve(self, pipe: zmq.Socket, beacon: Beacon) -> None:
         poller = zmq.Poller()
         for sock in (pipe, self.pub, self.direct, self.msg, beacon.socket):
             poller.register(sock, zmq.POLLIN)
@@ -687,29 +622,25 @@ class _Writer(_Actor):
 
 
 class _Reader(_Actor):
-    name = "reader"
+    kind = "store-reader"
 
     def __init__(self, store: Store) -> None:
-        super().__init__(store, store.reader_address)
         self.writer_uuid = store.address
         self.push = store.push
+        super().__init__(store, store.reader_address)
 
-    def _open(self) -> list[zmq.Socket]:
-        ctx = self.context
-        self.xpub = ctx.socket(zmq.XPUB)
-        self.sub = ctx.socket(zmq.SUB)
-        for sock in (self.xpub, self.sub):
-            sock.linger = 0
+    def _open(self, socket: SocketFactory) -> int:
+        self.xpub = socket(zmq.XPUB)
+        self.sub = socket(zmq.SUB)
         self.xpub.setsockopt(zmq.XPUB_VERBOSE, 1)
         self.xpub.sndhwm = self.hwm
         self.sub.rcvhwm = self.hwm
         self.sub.setsockopt(zmq.SUBSCRIBE, proto.subscription(proto.FETCH))
         self.sub.setsockopt(zmq.SUBSCRIBE, proto.subscription(proto.GET_HEADS))
         self.sub.setsockopt(zmq.SUBSCRIBE, proto.subscription(proto.CONSUMER_HELLO, self.uuid))
-        self.port = bind_data_socket(self.xpub, self.config, self.sub)
-        return [self.xpub, self.sub]
+        return bind_data_socket(self.xpub, self.config, self.sub)
 
-    def _loop(self, pipe: zmq.Socket, beacon: Beacon) -> None:
+    def _serve(self, pipe: zmq.Socket, beacon: Beacon) -> None:
         poller = zmq.Poller()
         for sock in (pipe, self.xpub, self.sub, beacon.socket):
             poller.register(sock, zmq.POLLIN)
