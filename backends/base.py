@@ -76,6 +76,18 @@ class EngineOptions:
 EngineSettings: TypeAlias = object
 
 
+@dataclass(frozen=True, slots=True)
+class EngineFlag:
+    """A command-line flag of `rafka` that sets one key of an engine's section (an
+    engine module lists its own in `FLAGS`)."""
+
+    flag: str  # e.g. "--tower-sub"
+    section: str  # the configuration section it writes to, e.g. "dafka"
+    key: str
+    type: type[str] | type[int]
+    help: str
+
+
 class EngineConfigError(Exception):
     """An engine's configuration section is wrong; the text names the key."""
 
