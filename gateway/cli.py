@@ -11,7 +11,7 @@ import structlog
 from backends.base import EngineError
 from gateway import __version__, logs
 from gateway.config import Config, ConfigError, from_args
-from gateway.resp_server import start_server
+from gateway.runner import serve_until_signal, start_server
 
 log = structlog.get_logger("rafka")
 
@@ -25,7 +25,7 @@ async def serve(config: Config) -> None:
         f"engine" + (f": {where}" if where else "") + "; SIGTERM or Ctrl-C stops it",
         flush=True,
     )
-    await server.serve_until_signal()
+    await serve_until_signal(server)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
