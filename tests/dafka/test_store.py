@@ -26,7 +26,8 @@ from backends.dafka.consumer import Consumer
 from backends.dafka.producer import Producer
 from backends.dafka.proto import Message
 from backends.dafka.storage import Retention, Storage
-from backends.dafka.store import Store, retention_policy
+from backends.dafka.store import Store
+from backends.dafka.store.retention import retention_policy
 from backends.dafka.test_peer import TestPeer
 from backends.dafka.tower import Tower
 from tests.support.waiting import wait_until

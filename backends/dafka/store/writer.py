@@ -1,77 +1,52 @@
-"""The store (spec §5): a writer actor and a reader actor over one RocksDB `Storage`.
+"""The store's writer actor (spec §5.3).
 
-Writer (§5.3): stores every RECORD of every topic contiguously per partition, FETCHes its
-own gaps (from the producers and from the other stores' readers), and ACKs producers.  Per
-wake-up it runs one batch: direct answers first, then live traffic, up to 100,000 records,
-one atomic write (fsynced when `store/sync` = 1, the default), then one ACK per partition
-with the highest sequence stored.  ACKs go out only after the write returned.
-
-Reader (§5.4): answers FETCH with exactly the requested records q … q+count-1 (fixing the
-C off-by-one, §10.12), or from the partition's oldest retained record when q is below it
-(retention tail); answers GET_HEADS and CONSUMER_HELLO with one DIRECT_HEAD per partition of
-the exact subject (§10.11); greets every consumer whose SUB connects with STORE_HELLO.
-
-Retention (`store/retention/ms|bytes`, per-topic `store/topics/<topic>/retention/ms|bytes`,
--1 = forever) runs in a third thread every `store/retention/check_interval` ms.
+Stores every RECORD of every topic contiguously per partition, FETCHes its own gaps (from
+the producers and from the other stores' readers), and ACKs producers.  Per wake-up it
+runs one batch: direct answers first, then live traffic, up to 100,000 records, one atomic
+write (fsynced when `store/sync` = 1, the default), then one ACK per partition with the
+highest sequence stored.  ACKs go out only after the write returned.
 
 The topic catalog (`catalog.py`, records of `__rafka_topics` written by `rafka-topics`):
 the writer applies each entry in the batch that stores it. A topic's `retention.ms` /
-`retention.bytes` override the settings above for it; a deletion drops every record of
-the topic in the same atomic write (head keys stay: see `Storage.stage_delete_topic`).
-At start the store reads the catalog it holds to restore the overrides. The catalog
-itself is kept forever unless `store/topics/__rafka_topics/retention/...` says otherwise.
+`retention.bytes` override the retention settings for it (`retention.py`); a deletion
+drops every record of the topic in the same atomic write (head keys stay: see
+`Storage.stage_delete_topic`). The catalog itself is kept forever unless
+`store/topics/__rafka_topics/retention/...` says otherwise.
 
 Fixes and additions over C: a FETCH retry timer while a partition has a known gap
 (`store/fetch_retry_interval` ms, default 1000; it gives up after
 `store/fetch_retry_timeout` ms without progress, default 60000, until new traffic shows
-the gap again), so back-fill does not wait for more traffic; malformed
-messages are dropped; the writer accepts a DIRECT_RECORD with sequence s > 0 for a partition
-it has nothing of as the partition's start (the other stores' oldest retained record); a
-producer HEAD at or below the stored head is answered with ACK(stored head) at once, so a
-lost ACK does not leave the producer holding its records forever; and the writer learns
-heads from the other stores' readers (hello handshake, then GET_HEADS every
-`store/heads_interval` ms, default 5000) and FETCHes what they hold beyond its own heads,
-so a store restarted after every producer is gone still back-fills (see `_Writer._hello`);
-and for `store/push_heads/duration` ms after a partition changed, every
-`store/push_heads/interval` ms, the reader sends its DIRECT_HEAD to the earliest consumers
-that asked for heads of its topic, so a C consumer (which asks only at subscribe) still
-learns of a partition it missed (see `head_push.py`).
+the gap again), so back-fill does not wait for more traffic; malformed messages are
+dropped; a DIRECT_RECORD with sequence s > 0 for a partition it has nothing of is the
+partition's start (the other stores' oldest retained record); a producer HEAD at or below
+the stored head is answered with ACK(stored head) at once, so a lost ACK does not leave
+the producer holding its records forever; and the writer learns heads from the other
+stores' readers (hello handshake, then GET_HEADS every `store/heads_interval` ms, default
+5000) and FETCHes what they hold beyond its own heads, so a store restarted after every
+producer is gone still back-fills (see `Writer._hello`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import struct
-import threading
-import time
-import uuid
-from collections.abc import Callable, Iterable
 
 import structlog
 import zmq
 from rocksdict import WriteBatch
 
 from backends.dafka import proto
-from backends.dafka.beacon import (
-    Beacon,
-    apply_events,
-    bind_data_socket,
-    new_subscribers,
-    now_ms,
-    subscription_events,
-)
-from backends.dafka.catalog import TOPICS_TOPIC, Catalog, TopicEntry, retention_values
-from backends.dafka.config import Config, ConfigError
+from backends.dafka.beacon import Beacon, apply_events, bind_data_socket, new_subscribers, now_ms
+from backends.dafka.catalog import TOPICS_TOPIC
 from backends.dafka.fetch_filter import FetchFilter
-from backends.dafka.head_push import HeadPush
-from backends.dafka.node import Actor, SocketFactory
-from backends.dafka.storage import PartitionState, Retention, Storage, partition_prefix
+from backends.dafka.node import SocketFactory
+from backends.dafka.storage import PartitionState, Storage, partition_prefix
+from backends.dafka.store.actor import StoreActor, StoreParts
+from backends.dafka.store.retention import wall_ms
 
 log = structlog.get_logger(__name__)
 
 BATCH_LIMIT = 100_000  # records staged per write (C: 100,000)
 _MSG_CHUNK = 1_000  # live messages taken before the direct SUB is looked at again
-_READER_CHUNK = 1_000  # requests handled before the reader looks at its other sockets
 _PARTITION_CACHE = 100_000  # partitions kept in the writer's memory between batches
 _PACK_SEQ = struct.Struct(">Q").pack
 _UNPACK_SEQ = struct.Struct(">Q").unpack_from
@@ -92,195 +67,6 @@ def _recv_frames(sock: zmq.Socket) -> list[bytes]:
         frame = sock.recv(zmq.NOBLOCK, copy=False)
         frames.append(frame.bytes)
     return frames
-
-
-def wall_ms() -> int:
-    """Wall-clock milliseconds: the write time of records, persisted for retention."""
-    return time.time_ns() // 1_000_000
-
-
-def retention_policy(config: Config) -> Callable[[bytes], Retention] | None:
-    """Per-topic retention from the config, or None when everything is kept forever."""
-    default = Retention(
-        config.get_int("store/retention/ms", -1), config.get_int("store/retention/bytes", -1)
-    )
-    finite = not default.forever or any(
-        path.startswith("store/topics/")
-        and path.endswith(("/retention/ms", "/retention/bytes"))
-        and value.strip() not in ("", "-1")
-        for path, value in config.items()
-    )
-    if not finite:
-        return None
-    cache: dict[bytes, Retention] = {}
-    catalog = TOPICS_TOPIC.encode()
-
-    def policy_for(subject: bytes) -> Retention:
-        policy = cache.get(subject)
-        if policy is None:
-            base = f"store/topics/{subject.decode(errors='replace')}/retention"
-            # The topic catalog is kept unless configured otherwise: it holds what
-            # every gateway needs to know of the topics created.
-            fallback = Retention() if subject == catalog else default
-            try:
-                policy = Retention(
-                    config.get_int(f"{base}/ms", fallback.ms),
-                    config.get_int(f"{base}/bytes", fallback.bytes),
-                )
-            except ConfigError:
-                policy = fallback  # a topic name that cannot be a config path
-            cache[subject] = policy
-        return policy
-
-    return policy_for
-
-
-class RetentionPolicy:
-    """The store's retention: its settings, overridden per topic by the catalog's
-    `retention.ms` / `retention.bytes`. Written by the writer thread, read by the
-    retention thread: overrides are replaced, never changed in place."""
-
-    def __init__(self, config: Config) -> None:
-        self._configured = retention_policy(config)
-        self._overrides: dict[bytes, tuple[int | None, int | None]] = {}
-
-    @property
-    def active(self) -> bool:
-        """Whether any topic may have records to delete."""
-        return self._configured is not None or bool(self._overrides)
-
-    def apply_entry(self, entry: TopicEntry) -> None:
-        """Take a topic's retention from its latest catalog entry."""
-        subject = entry.topic.encode()
-        values = (None, None) if entry.deleted else retention_values(entry.config)
-        overrides = dict(self._overrides)
-        if values == (None, None):
-            overrides.pop(subject, None)
-        else:
-            overrides[subject] = values
-        self._overrides = overrides
-
-    def __call__(self, subject: bytes) -> Retention:
-        base = self._configured(subject) if self._configured is not None else Retention()
-        override = self._overrides.get(subject)
-        if override is None:
-            return base
-        ms, size = override
-        return Retention(base.ms if ms is None else ms, base.bytes if size is None else size)
-
-
-class Store:
-    """A Dafka store: writer (uuid = `address`) and reader (`reader_address`) threads."""
-
-    def __init__(self, config: Config, context: zmq.Context | None = None) -> None:
-        self._config = config
-        self._context = context or zmq.Context.instance()
-        self.address = uuid.uuid4().hex.upper()
-        self.reader_address = uuid.uuid4().hex.upper()
-        self.verbose = config.get_bool("store/verbose")
-        # Every setting is read before anything is opened: a bad value must not leave the
-        # DB locked or the actors running.
-        self.retention = RetentionPolicy(config)
-        interval = max(1, config.get_int("store/retention/check_interval", 300_000))
-        self.push = HeadPush(
-            config.get_int("store/push_heads/interval"), config.get_int("store/push_heads/duration")
-        )
-        self.storage = Storage(config.get("store/db"), sync=config.get_int("store/sync", 1) != 0)
-        self.catalog = Catalog()
-        try:
-            self._load_catalog()
-        except BaseException:
-            self.storage.close()
-            raise
-        self._closed = False
-        self._lock = threading.Lock()
-        self._stop_retention = threading.Event()
-        self._retention_thread: threading.Thread | None = None
-        try:
-            self._writer = _Writer(self)
-            try:
-                self._reader = _Reader(self)
-            except BaseException:
-                self._writer.close()
-                raise
-        except BaseException:
-            self.storage.close()
-            self._closed = True
-            raise
-        # Always: the catalog may give a topic a retention at any time.
-        self._retention_thread = threading.Thread(
-            target=self._retain,
-            args=(self.retention, interval / 1000),
-            name="dafka-store-retention",
-            daemon=True,
-        )
-        self._retention_thread.start()
-
-    @property
-    def writer_port(self) -> int:
-        return self._writer.port
-
-    @property
-    def reader_port(self) -> int:
-        return self._reader.port
-
-    def close(self) -> None:
-        """Stop and join the threads, then close the DB (exactly once)."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-        self._stop_retention.set()
-        if self._retention_thread is not None:
-            self._retention_thread.join()
-        self._writer.close()
-        self._reader.close()
-        self.storage.close()
-
-    def __enter__(self) -> Store:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _load_catalog(self) -> None:
-        """The retention overrides of the catalog this store holds (deletions were
-        applied when they were stored)."""
-        subject = TOPICS_TOPIC.encode()
-        for partition, _ in self.storage.heads(subject):
-            for _, content in self.storage.records(subject, partition):
-                self.catalog.apply(content)
-        for entry in self.catalog.entries():
-            self.retention.apply_entry(entry)
-
-    def _retain(self, policy: RetentionPolicy, interval: float) -> None:
-        while not self._stop_retention.wait(interval):
-            if not policy.active:
-                continue
-            try:
-                deleted = self.storage.apply_retention(policy, wall_ms())
-            except Exception:
-                log.exception("dafka store retention failed; retrying next interval")
-                continue
-            if deleted and self.verbose:
-                log.info("dafka store retention", deleted=deleted)
-
-
-class _Actor(Actor):
-    """What the writer and the reader share: the store, its DB and its settings.
-    Subclasses set their own state first: the thread starts in this constructor."""
-
-    def __init__(self, store: Store, uuid_: str) -> None:
-        self.store = store
-        self.uuid = uuid_
-        self.config = store._config
-        self.storage = store.storage
-        self.verbose = store.verbose
-        self.hwm = self.config.get_int("store/high_watermark", 1_000_000)
-        super().__init__(store._config, store._context, address=uuid_)
-
-    def close(self) -> None:
-        self._shut_down()
 
 
 class _Partition:
@@ -327,11 +113,11 @@ class _Partition:
         self.fetch_prefix = proto.encode(fetch)[0][:-12]
 
 
-class _Writer(_Actor):
+class Writer(StoreActor):
     kind = "store-writer"
 
-    def __init__(self, store: Store) -> None:
-        config = store._config
+    def __init__(self, store: StoreParts) -> None:
+        config = store.config
         self.retry_interval = max(10, config.get_int("store/fetch_retry_interval", 1000))
         self.retry_timeout = config.get_int("store/fetch_retry_timeout", 60_000)
         # <= 0 turns the periodic GET_HEADS off (the hello handshake still runs).
@@ -619,137 +405,3 @@ class _Writer(_Actor):
         push = self.store.push
         if push.watching:
             push.changed((part.subject, part.partition, part.head) for part in touched)
-
-
-class _Reader(_Actor):
-    kind = "store-reader"
-
-    def __init__(self, store: Store) -> None:
-        self.writer_uuid = store.address
-        self.push = store.push
-        super().__init__(store, store.reader_address)
-
-    def _open(self, socket: SocketFactory) -> int:
-        self.xpub = socket(zmq.XPUB)
-        self.sub = socket(zmq.SUB)
-        self.xpub.setsockopt(zmq.XPUB_VERBOSE, 1)
-        self.xpub.sndhwm = self.hwm
-        self.sub.rcvhwm = self.hwm
-        self.sub.setsockopt(zmq.SUBSCRIBE, proto.subscription(proto.FETCH))
-        self.sub.setsockopt(zmq.SUBSCRIBE, proto.subscription(proto.GET_HEADS))
-        self.sub.setsockopt(zmq.SUBSCRIBE, proto.subscription(proto.CONSUMER_HELLO, self.uuid))
-        return bind_data_socket(self.xpub, self.config, self.sub)
-
-    def _serve(self, pipe: zmq.Socket, beacon: Beacon) -> None:
-        poller = zmq.Poller()
-        for sock in (pipe, self.xpub, self.sub, beacon.socket):
-            poller.register(sock, zmq.POLLIN)
-        push = self.push
-        never = 2**62
-        next_push = now_ms() + push.interval if push.enabled else never
-        while True:
-            wait = min(beacon.next_deadline_ms(), next_push) - now_ms()
-            events = dict(poller.poll(max(0, min(wait, 1000))))
-            if pipe in events:
-                return
-            if beacon.socket in events:
-                apply_events(beacon.handle(), self.sub)
-            if self.xpub in events:
-                self._on_subscriptions()
-            if self.sub in events:
-                self._on_requests()
-            now = now_ms()
-            if now >= next_push:
-                next_push = now + push.interval
-                for consumer, subject, partition, head in push.due(now):
-                    # A name the wire cannot carry (e.g. a NUL) loses its push, not the reader.
-                    with contextlib.suppress(proto.MalformedMessage):
-                        self._direct_head(consumer.encode(), subject, partition, head)
-            apply_events(beacon.tick(now), self.sub)
-
-    def _on_subscriptions(self) -> None:
-        """A consumer's SUB subscribed `L<consumer>`: greet it with STORE_HELLO (§1.5).
-        Its `E<consumer>` left: the consumer is gone, push it no more heads."""
-        for event in subscription_events(self.xpub):
-            consumer = event.rest
-            if not consumer or b"\0" in consumer:
-                continue
-            if event.is_subscribe and event.id == proto.STORE_HELLO:
-                hello = proto.Message(proto.STORE_HELLO, consumer, address=self.uuid)
-                self.xpub.send_multipart(proto.encode(hello))
-            elif not event.is_subscribe and event.id == proto.DIRECT_HEAD:
-                with contextlib.suppress(UnicodeDecodeError):
-                    self.push.forget(consumer.decode())
-
-    def _on_requests(self) -> None:
-        for _ in range(_READER_CHUNK):
-            try:
-                frames = self.sub.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            try:
-                msg = proto.decode(frames)
-                if msg.address == self.writer_uuid:
-                    continue  # our own writer's FETCH: the data is ours already
-                if msg.id == proto.FETCH:
-                    self._on_fetch(msg)
-                elif msg.id == proto.GET_HEADS:
-                    subject = msg.topic.decode()
-                    # Watch before reading the heads: see head_push.py's docstring.
-                    self.push.watch(msg.address, subject)
-                    self._send_heads(msg.address, subject)
-                elif msg.id == proto.CONSUMER_HELLO:
-                    for subject in msg.subjects:
-                        self.push.watch(msg.address, subject)
-                        self._send_heads(msg.address, subject)
-            except (proto.MalformedMessage, UnicodeDecodeError) as error:
-                if self.verbose:
-                    log.debug("dafka store reader dropped a message", error=str(error))
-            except Exception:  # a bug or a DB error: lose this request, not the store
-                log.exception("dafka store reader dropped a request", frames=frames[:1])
-
-    def _on_fetch(self, msg: proto.Message) -> None:
-        partition = msg.topic.decode()
-        encoder = proto.RecordEncoder(msg.address, partition, msg.subject, proto.DIRECT_RECORD)
-        prefix = encoder.frame1(0)[:-8]
-        send = self.xpub.send
-        more = zmq.SNDMORE
-        pack = _PACK_SEQ
-        sent = 0
-        for seq, content in self.storage.read(
-            msg.subject.encode(), msg.topic, msg.sequence, msg.count
-        ):
-            send(prefix + pack(seq), more)
-            send(content)
-            sent += 1
-        if self.verbose:
-            log.debug(
-                "dafka store answered FETCH",
-                subject=msg.subject,
-                partition=partition,
-                sequence=msg.sequence,
-                count=msg.count,
-                sent=sent,
-            )
-
-    def _send_heads(self, requester: str, subject: str) -> None:
-        """DIRECT_HEAD of each partition of exactly `subject` (fixing §10.11); "" asks for
-        every subject, as C's prefix match answers it (a store writer catching up uses it)."""
-        if not requester:
-            return
-        if subject:
-            raw = subject.encode()
-            heads: Iterable[tuple[bytes, bytes, int]] = (
-                (raw, partition, head) for partition, head in self.storage.heads(raw)
-            )
-        else:
-            heads = self.storage.partitions()
-        topic = requester.encode()
-        for subject_b, partition, head in heads:
-            self._direct_head(topic, subject_b.decode(), partition.decode(), head)
-
-    def _direct_head(self, requester: bytes, subject: str, partition: str, head: int) -> None:
-        reply = proto.Message(
-            proto.DIRECT_HEAD, requester, address=partition, subject=subject, sequence=head
-        )
-        self.xpub.send_multipart(proto.encode(reply))
