@@ -273,33 +273,28 @@ class Writer(StoreActor):
             elif seq > head:
                 self._fetch_gap(part, seq)
 
+        def take(sock: zmq.Socket, taken: int, until: int) -> int:
+            """Handle `sock`'s messages while `taken` < `until`; the new `taken`."""
+            while taken < until:
+                try:
+                    frames = _recv_frames(sock)
+                except zmq.Again:
+                    break
+                taken += 1
+                try:
+                    handle(frames)
+                except Exception:  # a bug or a DB error: lose this message, not the store
+                    log.exception("dafka store writer dropped a message", frames=frames[:1])
+            return taken
+
         direct = self.direct
         live = self.msg
         taken = 0
         while taken < BATCH_LIMIT:
             before = taken
             # Direct answers (back-fill) first, as in C; then a chunk of live traffic.
-            while taken < BATCH_LIMIT:
-                try:
-                    frames = _recv_frames(direct)
-                except zmq.Again:
-                    break
-                taken += 1
-                try:
-                    handle(frames)
-                except Exception:  # a bug or a DB error: lose this message, not the store
-                    log.exception("dafka store writer dropped a message", frames=frames[:1])
-            chunk_end = min(BATCH_LIMIT, taken + _MSG_CHUNK)
-            while taken < chunk_end:
-                try:
-                    frames = _recv_frames(live)
-                except zmq.Again:
-                    break
-                taken += 1
-                try:
-                    handle(frames)
-                except Exception:  # a bug or a DB error: lose this message, not the store
-                    log.exception("dafka store writer dropped a message", frames=frames[:1])
+            taken = take(direct, taken, BATCH_LIMIT)
+            taken = take(live, taken, min(BATCH_LIMIT, taken + _MSG_CHUNK))
             if taken == before:
                 break
         if touched:
