@@ -48,21 +48,15 @@ def dafka_config(tmp_path: Path) -> Config:
 @pytest.fixture
 def tower(dafka_config: Config) -> Iterator[Tower]:
     """A running tower on the inproc endpoints of `dafka_config` (shared context)."""
-    tower = Tower(dafka_config, zmq.Context.instance())
-    try:
+    with Tower(dafka_config, zmq.Context.instance()) as tower:
         yield tower
-    finally:
-        tower.close()
 
 
 @pytest.fixture
 def test_peer(dafka_config: Config, tower: Tower) -> Iterator[TestPeer]:
     """A fake node on the test's tower (spec §8)."""
-    peer = TestPeer(dafka_config, zmq.Context.instance())
-    try:
+    with TestPeer(dafka_config, zmq.Context.instance()) as peer:
         yield peer
-    finally:
-        peer.close()
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from backends.dafka import proto
 from backends.dafka.consumer import Consumer
 from backends.dafka.test_peer import TestPeer
+from tests.dafka.stores import direct_record
 
 ConsumerFactory = Callable[..., Consumer]
 
@@ -45,16 +46,7 @@ def subscribe(peer: TestPeer, consumer: Consumer, topic: str, earliest: bool = T
 
 def direct(peer: TestPeer, consumer: Consumer, topic: str, seq: int, content: bytes) -> None:
     """A FETCH answer: DIRECT_RECORD of the peer's partition, routed to the consumer."""
-    peer.send(
-        proto.Message(
-            proto.DIRECT_RECORD,
-            consumer.address.encode(),
-            address=peer.address,
-            subject=topic,
-            sequence=seq,
-            content=content,
-        )
-    )
+    peer.send(direct_record(consumer.address, peer, topic, seq, content))
 
 
 def expect_fetch(peer: TestPeer, consumer: Consumer, sequence: int, timeout: float = 5.0) -> None:
