@@ -19,11 +19,12 @@ import contextlib
 import itertools
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import structlog
 import zmq
 
+from backends.dafka import proto
 from backends.dafka.beacon import Beacon, bind_data_socket
 from backends.dafka.config import Config
 
@@ -33,6 +34,23 @@ _instances = itertools.count()
 
 # Makes a socket of the given type owned by the actor thread (linger 0, closed at its end).
 SocketFactory = Callable[[int], zmq.Socket]
+
+
+def messages(sock: zmq.Socket, limit: int | None = None) -> Iterator[proto.Message]:
+    """The messages waiting on `sock`, decoded, until none is left (or `limit` were read);
+    malformed ones are dropped, as C drops them (spec §1.6)."""
+    read = 0
+    while limit is None or read < limit:
+        try:
+            frames = sock.recv_multipart(zmq.NOBLOCK)
+        except zmq.Again:
+            return
+        read += 1
+        try:
+            msg = proto.decode(frames)
+        except proto.MalformedMessage:
+            continue
+        yield msg
 
 
 class Actor:

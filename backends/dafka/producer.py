@@ -38,7 +38,7 @@ import zmq
 from backends.dafka import proto
 from backends.dafka.beacon import Beacon, apply_events, bind_data_socket, now_ms
 from backends.dafka.config import Config
-from backends.dafka.node import Actor, SocketFactory
+from backends.dafka.node import Actor, SocketFactory, messages
 from backends.dafka.unacked import UnackedList
 
 log = structlog.get_logger(__name__)
@@ -320,15 +320,7 @@ class Producer(Actor):
         topic: str,
     ) -> None:
         """Drain ACKs and FETCHes (both addressed to this partition by subscription)."""
-        while True:
-            try:
-                frames = sub.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            try:
-                msg = proto.decode(frames)
-            except proto.MalformedMessage:
-                continue
+        for msg in messages(sub):
             if msg.subject != topic:
                 continue
             if msg.id == proto.ACK:
