@@ -9,7 +9,6 @@ from collections.abc import Callable
 from backends.dafka import proto
 from backends.dafka.consumer import Consumer
 from backends.dafka.test_peer import TestPeer
-from tests.dafka.stores import direct_record
 
 ConsumerFactory = Callable[..., Consumer]
 
@@ -46,7 +45,7 @@ def subscribe(peer: TestPeer, consumer: Consumer, topic: str, earliest: bool = T
 
 def direct(peer: TestPeer, consumer: Consumer, topic: str, seq: int, content: bytes) -> None:
     """A FETCH answer: DIRECT_RECORD of the peer's partition, routed to the consumer."""
-    peer.send(direct_record(consumer.address, peer, topic, seq, content))
+    peer.send_direct_record(consumer.address, topic, seq, content)
 
 
 def expect_fetch(peer: TestPeer, consumer: Consumer, sequence: int, timeout: float = 5.0) -> None:

@@ -83,23 +83,6 @@ def direct_records_of(peer: TestPeer, topic: str, seq: int, count: int) -> list[
         got.append((msg.sequence, msg.content))
 
 
-def direct(store: Store, peer: TestPeer, topic: str, seq: int, content: bytes) -> Message:
-    """A DIRECT_RECORD of the peer's partition addressed to `store`'s writer."""
-    return direct_record(store.address, peer, topic, seq, content)
-
-
-def direct_record(to: str, peer: TestPeer, topic: str, seq: int, content: bytes) -> Message:
-    """A DIRECT_RECORD (a FETCH answer) of the peer's partition, routed to node `to`."""
-    return Message(
-        proto.DIRECT_RECORD,
-        to.encode(),
-        address=peer.address,
-        subject=topic,
-        sequence=seq,
-        content=content,
-    )
-
-
 def recv_direct_heads(peer: TestPeer, requester: str, n: int) -> list[tuple[str, str, int]]:
     heads = []
     for _ in range(n):

@@ -19,7 +19,6 @@ from backends.dafka.store import Store
 from backends.dafka.test_peer import TestPeer
 from backends.dafka.tower import Tower
 from tests.dafka.stores import (
-    direct,
     direct_records_of,
     link,
     recv_direct_heads,
@@ -58,7 +57,7 @@ def test_gap_fetches_from_head_plus_one(linked: TestPeer, store: Store) -> None:
     assert (fetch.subject, fetch.sequence, fetch.count) == ("gap", 3, 100_000 - 3)
     # Answering the FETCH closes the gap; record 5 was dropped, so it is fetched again.
     for seq in (3, 4):
-        linked.send(direct(store, linked, "gap", seq, b"%d" % seq))
+        linked.send_direct_record(store.address, "gap", seq, b"%d" % seq)
     assert recv_until_ack(linked, "gap", 4)[-1] == 4
 
 
@@ -98,7 +97,7 @@ def test_fetch_is_retried_until_the_gap_is_filled(linked: TestPeer, store: Store
     again = recv_fetch(linked, store, timeout=5)
     assert (again.subject, again.sequence) == ("retry", 0)
     for seq in range(3):
-        linked.send(direct(store, linked, "retry", seq, b"r"))
+        linked.send_direct_record(store.address, "retry", seq, b"r")
     assert recv_until_ack(linked, "retry", 2)[-1] == 2
 
 
