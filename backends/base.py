@@ -76,6 +76,18 @@ class EngineOptions:
 EngineSettings: TypeAlias = object
 
 
+@dataclass(frozen=True, slots=True)
+class EngineFlag:
+    """A command-line flag of `rafka` that sets one key of an engine's section (an
+    engine module lists its own in `FLAGS`)."""
+
+    flag: str  # e.g. "--tower-sub"
+    section: str  # the configuration section it writes to, e.g. "dafka"
+    key: str
+    type: type[str] | type[int]
+    help: str
+
+
 class EngineConfigError(Exception):
     """An engine's configuration section is wrong; the text names the key."""
 
@@ -127,10 +139,11 @@ READS_NOT_SUPPORTED = "reads by offset are not supported by this engine"
 
 
 class Stats:
-    """Server-wide counters, thread-safe because engines count from their own threads.
+    """The engine's counters, thread-safe because engines count from their own threads.
 
     Rafka's three counters come first, in Rafka's order; `reset()` (DEL stats) zeroes
-    every counter but leaves gauges (like current connections) alone.
+    them. The gateway adds its own (connections) to what HGETALL stats shows
+    (`gateway/stats.py`).
     """
 
     # Rafka 0.6.2's counters, in HGETALL order.
@@ -144,9 +157,6 @@ class Stats:
     ACKED = "consumer.acked.messages"
     COMMITTED = "consumer.committed.offsets"
     COMMIT_ERRORS = "consumer.commit.errors"
-    CONNECTIONS_TOTAL = "server.connections.total"
-    # Gauges: describe the present, so DEL stats does not zero them.
-    CONNECTIONS_CURRENT = "server.connections.current"
 
     COUNTERS: tuple[str, ...] = (
         UNFLUSHED,
@@ -158,13 +168,11 @@ class Stats:
         ACKED,
         COMMITTED,
         COMMIT_ERRORS,
-        CONNECTIONS_TOTAL,
     )
-    GAUGES: tuple[str, ...] = (CONNECTIONS_CURRENT,)
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._values: dict[str, int] = dict.fromkeys(self.COUNTERS + self.GAUGES, 0)
+        self._values: dict[str, int] = dict.fromkeys(self.COUNTERS, 0)
 
     def incr(self, name: str, amount: int = 1) -> None:
         with self._lock:
@@ -175,7 +183,7 @@ class Stats:
             return self._values[name]
 
     def snapshot(self) -> dict[str, int]:
-        """Every counter and gauge, Rafka's three first."""
+        """Every counter, Rafka's three first."""
         with self._lock:
             return dict(self._values)
 

@@ -25,21 +25,11 @@ from backends.base import (
     Admin,
     Engine,
     EngineConfigError,
+    EngineFlag,
     EngineOptions,
     EngineSettings,
     Stats,
 )
-
-
-@dataclass(frozen=True, slots=True)
-class EngineFlag:
-    """A command-line flag of `rafka` that sets one key of an engine's section."""
-
-    flag: str  # e.g. "--tower-sub"
-    section: str  # the configuration section it writes to, e.g. "dafka"
-    key: str
-    type: type[str] | type[int]
-    help: str
 
 
 class EngineModule(Protocol):

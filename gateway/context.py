@@ -6,17 +6,18 @@ import asyncio
 import itertools
 from dataclasses import dataclass, field
 
-from backends.base import Engine, Stats
+from backends.base import Engine
 from gateway.clients import ClientIds
 from gateway.config import Config
 from gateway.monitor import MonitorHub
+from gateway.stats import ServerStats
 
 
 @dataclass
 class ServerContext:
     config: Config
     engine: Engine
-    stats: Stats
+    stats: ServerStats  # the engine's counters and the gateway's
     monitors: MonitorHub = field(default_factory=MonitorHub)
     # The ids of live connections, for SETNAME uniqueness.
     clients: ClientIds = field(default_factory=ClientIds)

@@ -26,6 +26,7 @@ from backends.registry import engine_entry
 from gateway.config import Config
 from gateway.context import ServerContext
 from gateway.server import Server
+from gateway.stats import ServerStats
 from gateway.tls import server_context
 
 log = structlog.get_logger("rafka.gateway.server")
@@ -43,7 +44,7 @@ async def start_server(config: Config, *, engine: Engine | None = None) -> Serve
         entry = engine_entry(config.engine)
         engine = entry.create(config.engine_settings, stats, config.engine_options())
     await engine.start()
-    server = Server(ServerContext(config=config, engine=engine, stats=stats), tls)
+    server = Server(ServerContext(config=config, engine=engine, stats=ServerStats(stats)), tls)
     try:
         await server.start()
     except BaseException:

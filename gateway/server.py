@@ -11,7 +11,6 @@ import ssl
 
 import structlog
 
-from backends.base import Stats
 from gateway.connection import Connection
 from gateway.context import ServerContext
 from gateway.resp import ParserLimits
@@ -88,14 +87,13 @@ class Server:
         if len(self.live) >= self.ctx.config.max_clients:
             return False
         self.live.add(connection)
-        self.ctx.stats.incr(Stats.CONNECTIONS_TOTAL)
-        self.ctx.stats.incr(Stats.CONNECTIONS_CURRENT)
+        self.ctx.stats.connected()
         return True
 
     def forget(self, connection: Connection) -> None:
         if connection in self.live:
             self.live.discard(connection)
-            self.ctx.stats.incr(Stats.CONNECTIONS_CURRENT, -1)
+            self.ctx.stats.disconnected()
 
     # --- shutdown (spec §7, with the documented intent) ------------------------------
 

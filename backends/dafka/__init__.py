@@ -12,12 +12,12 @@ from backends.base import (
     Admin,
     Engine,
     EngineConfigError,
+    EngineFlag,
     EngineOptions,
     EngineSettings,
     Stats,
 )
 from backends.dafka.settings import DafkaSettings, SettingsError, parse_section
-from backends.registry import EngineFlag
 
 SECTIONS = ("dafka",)
 FLAGS = (

@@ -10,6 +10,11 @@ What it adds to Dafka, and where:
 - what the network holds (heads, topics): `observer.py`.
 The network is either embedded (a tower and stores as child processes, `embedded.py`) or
 joined (tower endpoints given; the gateway starts nothing).
+
+Over ~500 lines on purpose: what is left here is the one object the helpers above meet
+through (`engine_view.py`): life cycle, routing of produce/consume/reads to them and the
+commit schedule. Each part is short and calls out; splitting the hub would scatter the
+state they share (writers, groups, the reader's inbox) over modules that all need it.
 """
 
 from __future__ import annotations

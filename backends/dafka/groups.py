@@ -31,7 +31,7 @@ from backends.dafka.envelope import unwrap
 from backends.dafka.reader import Reader
 
 if TYPE_CHECKING:
-    from backends.dafka.engine import DafkaEngine
+    from backends.dafka.engine_view import GroupsEngine as DafkaEngine
 
 log = structlog.get_logger(__name__)
 

@@ -22,7 +22,7 @@ from backends.dafka.partitions import own_address
 from backends.dafka.producer import Producer as DafkaProducer
 
 if TYPE_CHECKING:
-    from backends.dafka.engine import DafkaEngine
+    from backends.dafka.engine_view import ProducingEngine as DafkaEngine
 
 log = structlog.get_logger(__name__)
 

@@ -21,6 +21,7 @@ from redis.retry import Retry
 from backends.base import Stats
 from gateway import __version__
 from gateway.runner import ServerThread
+from gateway.stats import ServerStats
 from tests.support.engines import GATEWAY_ENGINES
 from tests.support.fixtures import GatewayConfig
 from tests.support.gateway import Raw, client, running
@@ -210,8 +211,9 @@ def test_hello_3_switches_every_reply_to_resp3(server: ServerThread) -> None:
             b"$7\r\nmodules\r\n*0\r\n"
         )
         raw.command("HGETALL", "stats")
-        raw.expect(b"%%%d\r\n" % len(Stats.COUNTERS + Stats.GAUGES))  # a RESP3 map
-        for _ in range(len(Stats.COUNTERS + Stats.GAUGES) * 2):
+        names = Stats.COUNTERS + ServerStats.COUNTERS + ServerStats.GAUGES
+        raw.expect(b"%%%d\r\n" % len(names))  # a RESP3 map
+        for _ in range(len(names) * 2):
             raw.read_reply()
         raw.command("HELLO", "4")
         raw.expect(b"-NOPROTO unsupported protocol version\r\n")

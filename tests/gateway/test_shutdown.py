@@ -13,6 +13,7 @@ import pytest
 from backends.base import Consumer, Engine, Producer, Record, Stats
 from gateway.config import Config
 from gateway.runner import ServerThread
+from gateway.stats import ServerStats
 from tests.support.engines import GATEWAY_ENGINES
 from tests.support.fixtures import EngineFactories, GatewayConfig
 from tests.support.gateway import Raw, client, configured_engine
@@ -131,11 +132,11 @@ def test_shutdown_sequence(  # A15, G1
         consumer.assert_closed()
         producer.assert_closed()
         assert refused(server.port)
-        stats = engine.stats.snapshot()
+        stats = server.server.ctx.stats.snapshot()
         # Every record was delivered before the engine stopped: nothing left unflushed.
         assert stats[Stats.UNFLUSHED] == 0
         assert stats[Stats.DELIVERED] == 2
-        assert stats[Stats.CONNECTIONS_CURRENT] == 0
+        assert stats[ServerStats.CONNECTIONS_CURRENT] == 0
     finally:
         server.stop()
 
