@@ -298,6 +298,12 @@ class Engine(ABC):
         """Where the log is, for the start-up line: e.g. the brokers, or a directory."""
         return ""
 
+    def disk_paths(self) -> tuple[str, ...]:
+        """The directories on this machine the engine keeps the log in (the gateway's
+        metrics report their size); () when the log lives elsewhere (a broker, a joined
+        network). Called from any thread."""
+        return ()
+
     async def partition_offsets(self, topic: str, partition: int) -> PartitionOffsets:
         """The first held and the next offset of (topic, partition), as of now.
 

@@ -15,6 +15,7 @@ import asyncio
 import inspect
 import types
 from collections.abc import Awaitable
+from time import perf_counter
 from typing import Any, Protocol, TypeAlias, cast
 
 import structlog
@@ -107,6 +108,9 @@ class Connection(asyncio.Protocol):
         self._ended = False  # no command runs any more; teardown started
         self._closing = False  # close_soon(): close after the command in progress
         self._idle = IdleTimer(self._loop, self._config.idle_timeout, self._busy, self._end)
+        # Per-command latency (gateway.latency), only with the metrics endpoint on.
+        self._latency = host.ctx.latency
+        self._waiting_since = 0.0  # perf_counter() when the waiting command started
 
     @property
     def waiting(self) -> bool:
@@ -185,6 +189,8 @@ class Connection(asyncio.Protocol):
         transport = self._transport
         assert session is not None and transport is not None
         parser = self._parser
+        latency = self._latency
+        started = 0.0
         out: list[bytes] = []
         if first is not _NO_REPLY:
             encode_into(first, session.protocol, out)
@@ -200,14 +206,21 @@ class Connection(asyncio.Protocol):
                     return
                 if command is None:
                     break
+                if latency is not None:
+                    started = perf_counter()
                 reply = self._execute(command)
                 if type(reply) is types.CoroutineType:
                     # Answer what came before, then wait without blocking the others.
                     if out:
                         transport.write(b"".join(out))
+                    self._waiting_since = started
                     self._start_waiting(reply)
                     return
                 encode_into(reply, session.protocol, out)
+                if latency is not None:
+                    latency.histogram(command[0] if command else b"").observe(
+                        perf_counter() - started
+                    )
             if out:
                 transport.write(b"".join(out))
         except Exception:
@@ -253,6 +266,10 @@ class Connection(asyncio.Protocol):
             self._end()
             raise
         self._command = None
+        if self._latency is not None:
+            self._latency.histogram(command[0] if command else b"").observe(
+                perf_counter() - self._waiting_since
+            )
         if self._ended:
             return
         # Answered inside this task, not in a done callback: one loop iteration less.

@@ -23,8 +23,10 @@ import structlog
 
 from backends.base import Engine, Stats
 from backends.registry import engine_entry
+from gateway.commands import COMMANDS
 from gateway.config import Config
 from gateway.context import ServerContext
+from gateway.latency import CommandLatency
 from gateway.server import Server
 
 log = structlog.get_logger("rafka.gateway.server")
@@ -40,10 +42,18 @@ async def start_server(config: Config, *, engine: Engine | None = None) -> Serve
         entry = engine_entry(config.engine)
         engine = entry.create(config.engine_settings, stats, config.engine_options())
     await engine.start()
-    server = Server(ServerContext(config=config, engine=engine, stats=stats))
+    latency = CommandLatency(COMMANDS) if config.metrics_port is not None else None
+    server = Server(ServerContext(config=config, engine=engine, stats=stats, latency=latency))
     try:
+        if latency is not None:
+            from gateway.metrics import MetricsEndpoint  # prometheus_client: only when on
+
+            server.metrics = MetricsEndpoint(server.ctx, latency)
+            server.metrics.start()
         await server.start()
     except BaseException:
+        if server.metrics is not None:
+            await server.metrics.stop()
         await engine.stop()
         raise
     return server

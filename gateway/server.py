@@ -7,6 +7,7 @@ connection runs its own commands (gateway.connection).
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -14,6 +15,9 @@ from backends.base import Stats
 from gateway.connection import Connection
 from gateway.context import ServerContext
 from gateway.resp import ParserLimits
+
+if TYPE_CHECKING:
+    from gateway.metrics import MetricsEndpoint
 
 log = structlog.get_logger("rafka.gateway.server")
 
@@ -39,6 +43,8 @@ class Server:
         self._shutdown_task: asyncio.Task[None] | None = None
         self.port = 0
         self.host = config.host
+        # The Prometheus endpoint, when on (set by gateway.runner.start_server).
+        self.metrics: MetricsEndpoint | None = None
 
     @property
     def connections(self) -> int:
@@ -108,6 +114,7 @@ class Server:
         # 6. Close everyone else; their producers flush.
         await self._close(list(self.live))
         # 7. Release the engine.
+        await self._stop_metrics()
         await self.ctx.engine.stop()
         log.info("shutdown complete")
 
@@ -125,9 +132,16 @@ class Server:
             await asyncio.wait([c.closed for c in connections], timeout=ABANDON_GRACE)
         try:
             async with asyncio.timeout(ABANDON_GRACE):
+                await self._stop_metrics()
                 await self.ctx.engine.stop()
         except TimeoutError:
             log.error("engine did not stop in time, abandoned")
+
+    async def _stop_metrics(self) -> None:
+        """Before the engine: the metrics read consumer lag from the engine's deployment."""
+        metrics, self.metrics = self.metrics, None
+        if metrics is not None:
+            await metrics.stop()
 
     def _close_listener(self) -> None:
         if self._listener is not None:
