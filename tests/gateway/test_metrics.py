@@ -20,9 +20,8 @@ from gateway.config import ConfigError, from_args, from_dict
 from gateway.runner import ServerThread
 from tests.support.engines import GATEWAY_ENGINES, MemoryEngineFactory
 from tests.support.fixtures import EngineFactories, GatewayConfig
-from tests.support.metrics import Scrape, scrape
+from tests.support.metrics import Scrape, scrape, scrape_until
 from tests.support.processes import listening_addresses
-from tests.support.waiting import wait_until
 
 PRODUCED = 12
 KEYS = ("a", "b", "c", "d")  # CRC32 (both engines' default): "d" to partition 0, the others 1
@@ -127,15 +126,15 @@ def test_scrape_reports_what_happened(
         consumer.execute_command("QUIT")  # the group commits on close
         consumer.close()
 
-        def lag_as_expected() -> Scrape | None:
-            metrics = scrape(port)
-            return metrics if lag_rows(metrics, group) == expected else None
-
-        metrics = wait_until(
-            lag_as_expected, 60, f"scraped lag of {group} == {expected}", interval=0.5
+        scrape_until(
+            port,
+            lambda metrics: lag_rows(metrics, group) == expected,
+            60,
+            f"scraped lag of {group} == {expected}",
         )
-        metrics = wait_until(
-            lambda: (m := scrape(port)).value("rafka_server_connections_current") == 1 and m,
+        metrics = scrape_until(
+            port,
+            lambda metrics: metrics.value("rafka_server_connections_current") == 1,
             20,
             "the consumer's connection counted out",
         )

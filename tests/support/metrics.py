@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support.waiting import wait_until
 
 
 @dataclass(frozen=True)
@@ -36,3 +38,17 @@ def scrape(port: int, host: str = "127.0.0.1", timeout: float = 30.0) -> Scrape:
         for sample in family.samples:
             samples[(sample.name, frozenset(sample.labels.items()))] = sample.value
     return Scrape(types, samples)
+
+
+def scrape_until(port: int, accept: Callable[[Scrape], bool], timeout: float, what: str) -> Scrape:
+    """Scrape until a scrape is `accept`ed (returned); fail after `timeout` naming `what`."""
+    accepted: list[Scrape] = []
+
+    def check() -> bool:
+        metrics = scrape(port)
+        if accept(metrics):
+            accepted.append(metrics)
+        return bool(accepted)
+
+    wait_until(check, timeout, what, interval=0.2)
+    return accepted[-1]
