@@ -90,6 +90,10 @@ class LagReader:
     def _start(self) -> asyncio.AbstractEventLoop:
         if self._loop is None:
             loop = asyncio.new_event_loop()
+            # Named, so that a thread left behind says whose it is.
+            loop.set_default_executor(
+                concurrent.futures.ThreadPoolExecutor(thread_name_prefix="rafka-metrics-lag")
+            )
             thread = threading.Thread(
                 target=loop.run_forever, name="rafka-metrics-lag", daemon=True
             )
@@ -149,3 +153,5 @@ class LagReader:
         admin, self._admin = self._admin, None
         if admin is not None:
             await admin.close()
+        # The Admin's blocking calls ran on this loop's executor: end its threads too.
+        await asyncio.get_running_loop().shutdown_default_executor()

@@ -130,9 +130,9 @@ class Server:
             connection.abandon()
         if connections:
             await asyncio.wait([c.closed for c in connections], timeout=ABANDON_GRACE)
+        await self._stop_metrics()  # bounded of its own: the engine gets its full grace
         try:
             async with asyncio.timeout(ABANDON_GRACE):
-                await self._stop_metrics()
                 await self.ctx.engine.stop()
         except TimeoutError:
             log.error("engine did not stop in time, abandoned")

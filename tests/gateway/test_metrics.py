@@ -39,11 +39,11 @@ def new_topic(engine_name: str, engines: EngineFactories) -> Callable[[int], str
 
 
 def metrics_threads() -> list[threading.Thread]:
-    """The endpoint's threads: the HTTP server's and the lag reader's."""
+    """The endpoint's threads: the HTTP server's, the lag reader's and its workers'."""
     return [
         thread
         for thread in threading.enumerate()
-        if thread.name == "rafka-metrics-lag" or "serve_forever" in thread.name
+        if thread.name.startswith("rafka-metrics-lag") or "serve_forever" in thread.name
     ]
 
 
