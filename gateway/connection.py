@@ -190,7 +190,9 @@ class Connection(asyncio.Protocol):
         assert session is not None and transport is not None
         parser = self._parser
         latency = self._latency
-        started = 0.0
+        # A command's latency runs from the end of the one before it in this read (its
+        # parsing included): one clock read per command (gateway.latency).
+        started = perf_counter() if latency is not None else 0.0
         out: list[bytes] = []
         if first is not _NO_REPLY:
             encode_into(first, session.protocol, out)
@@ -206,8 +208,6 @@ class Connection(asyncio.Protocol):
                     return
                 if command is None:
                     break
-                if latency is not None:
-                    started = perf_counter()
                 reply = self._execute(command)
                 if type(reply) is types.CoroutineType:
                     # Answer what came before, then wait without blocking the others.
@@ -218,9 +218,9 @@ class Connection(asyncio.Protocol):
                     return
                 encode_into(reply, session.protocol, out)
                 if latency is not None:
-                    latency.histogram(command[0] if command else b"").observe(
-                        perf_counter() - started
-                    )
+                    now = perf_counter()
+                    latency.observe(command[0] if command else b"", now - started)
+                    started = now
             if out:
                 transport.write(b"".join(out))
         except Exception:
@@ -267,8 +267,8 @@ class Connection(asyncio.Protocol):
             raise
         self._command = None
         if self._latency is not None:
-            self._latency.histogram(command[0] if command else b"").observe(
-                perf_counter() - self._waiting_since
+            self._latency.observe(
+                command[0] if command else b"", perf_counter() - self._waiting_since
             )
         if self._ended:
             return

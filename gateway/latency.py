@@ -1,7 +1,9 @@
 """Per-command latency histograms, cheap enough for the command path.
 
 Only made when the metrics endpoint is on (`gateway.metrics_port`); a connection then
-reads the clock twice per command (`time.perf_counter`) and adds one to a bucket. The
+reads the clock once per command and once per read (`time.perf_counter`; a command's time
+runs from the end of the one before it in the same read, its parsing included) and adds
+one to a bucket. The
 event loop is the only writer; the metrics endpoint reads from its own thread. A reader
 may see a command counted in its bucket and not yet in `total`: `snapshot` derives the
 count from the buckets, so that every histogram it returns is consistent in itself.
@@ -48,10 +50,6 @@ class Histogram:
         self.counts = [0] * (len(BUCKETS) + 1)
         self.total = 0.0
 
-    def observe(self, seconds: float) -> None:
-        self.counts[bisect_left(BUCKETS, seconds)] += 1
-        self.total += seconds
-
 
 @dataclass(frozen=True, slots=True)
 class HistogramSnapshot:
@@ -80,13 +78,14 @@ class CommandLatency:
             self._by_spelling[name.encode()] = histogram
             self._by_spelling[name.lower().encode()] = histogram
 
-    def histogram(self, name: bytes) -> Histogram:
-        """The histogram of the command a request's first argument names."""
+    def observe(self, name: bytes, seconds: float) -> None:
+        """One command, named by its request's first argument, took `seconds`. One call
+        on the command path (a lookup, a bisect, two additions)."""
         histogram = self._by_spelling.get(name)
         if histogram is None:
-            upper = name.upper().decode("utf-8", "replace")
-            histogram = self._by_name.get(upper, self._other)
-        return histogram
+            histogram = self._by_name.get(name.upper().decode("utf-8", "replace"), self._other)
+        histogram.counts[bisect_left(BUCKETS, seconds)] += 1
+        histogram.total += seconds
 
     def snapshot(self) -> list[HistogramSnapshot]:
         """Every command that ran at least once, by name (lower case)."""
