@@ -20,6 +20,7 @@ from gateway.config import ConfigError, from_args, from_dict
 from gateway.runner import ServerThread
 from tests.support.engines import GATEWAY_ENGINES, MemoryEngineFactory
 from tests.support.fixtures import EngineFactories, GatewayConfig
+from tests.support.gateway import refused
 from tests.support.metrics import Scrape, scrape, scrape_until
 from tests.support.processes import listening_addresses
 
@@ -45,14 +46,6 @@ def metrics_threads() -> list[threading.Thread]:
         for thread in threading.enumerate()
         if thread.name.startswith("rafka-metrics-lag") or "serve_forever" in thread.name
     ]
-
-
-def refused(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=2).close()
-    except ConnectionRefusedError:
-        return True
-    return False
 
 
 def consume_all(client: redis.Redis, topic: str) -> tuple[list[tuple[int, int]], int]:
