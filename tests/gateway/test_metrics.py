@@ -9,6 +9,7 @@ import os
 import secrets
 import socket
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Callable
 
@@ -21,8 +22,10 @@ from gateway.runner import ServerThread
 from tests.support.engines import GATEWAY_ENGINES, MemoryEngineFactory
 from tests.support.fixtures import EngineFactories, GatewayConfig
 from tests.support.gateway import refused
+from tests.support.kafka import kafka_document
 from tests.support.metrics import Scrape, scrape, scrape_until
 from tests.support.processes import listening_addresses
+from tests.support.tansu import free_port
 
 PRODUCED = 12
 KEYS = ("a", "b", "c", "d")  # CRC32 (both engines' default): "d" to partition 0, the others 1
@@ -219,6 +222,7 @@ def test_bad_port_and_timeout() -> None:
     with pytest.raises(ConfigError) as caught:
         from_dict({"gateway": {"metrics_lag_timeout": 0}})
     assert str(caught.value) == "gateway.metrics_lag_timeout must be a finite number > 0, got 0"
+    assert from_dict({"gateway": {"metrics_port": None}}).metrics_port is None  # off
     config = from_args(["--metrics-port", "9100", "--metrics-host", "127.0.0.2"])
     assert (config.metrics_port, config.metrics_host) == (9100, "127.0.0.2")
 
@@ -241,3 +245,45 @@ def test_taken_port_is_a_clear_error_and_leaves_nothing_open() -> None:
     finally:
         taken.close()
         factory.close()
+
+
+def test_unreachable_engine_bounds_the_scrape_and_never_blocks_commands() -> None:
+    """A Kafka engine whose broker does not answer (nothing listens on its port): lag
+    cannot be read, so the scrape answers after metrics_lag_timeout with the rest, and
+    the gateway answers its clients meanwhile."""
+    document = kafka_document(f"127.0.0.1:{free_port()}")
+    section = {"host": "127.0.0.1", "port": 0, "metrics_port": 0, "metrics_lag_timeout": 1}
+    config = from_dict({**document, "gateway": {"engine": "kafka", **section}})
+    with ServerThread(config) as server:
+        assert server.server.metrics is not None
+        port = server.server.metrics.port
+        client = redis.Redis(host="127.0.0.1", port=server.port, socket_timeout=10)
+        assert client.ping()  # connected before the scrape
+        scrapes: list[tuple[Scrape, float]] = []
+
+        def scrape_timed() -> None:
+            started = time.monotonic()
+            metrics = scrape(port)
+            scrapes.append((metrics, time.monotonic() - started))
+
+        scraper = threading.Thread(target=scrape_timed)
+        scraper.start()
+        pings: list[float] = []
+        while scraper.is_alive():
+            started = time.monotonic()
+            assert client.ping()
+            pings.append(time.monotonic() - started)
+        scraper.join()
+        assert max(pings) < 0.5, f"a PING waited {max(pings):.2f} s during the scrape"
+        metrics, seconds = scrapes[0]
+        assert 1 <= seconds < 4, f"the scrape took {seconds:.2f} s (bound: 1 s)"
+        assert metrics.value("rafka_consumer_lag_collect_ok") == 0
+        assert metrics.labelled("rafka_consumer_lag") == {}
+        assert metrics.value("rafka_server_connections_current") == 1
+        # The next scrape waits for the same collection rather than start another.
+        assert scrape(port).value("rafka_consumer_lag_collect_ok") == 0
+        client.close()
+        stopping = time.monotonic()
+    assert time.monotonic() - stopping < 15, "the gateway took long to stop"
+    assert refused(port)
+    assert metrics_threads() == []
