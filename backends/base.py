@@ -333,7 +333,7 @@ class Engine(ABC):
 # --- administration: topics (rafka-topics) -----------------------------------------------
 #
 # Kept in one block at the end of the module. An engine module of `backends.registry`
-# provides `admin(settings, options) -> Admin`; `rafka-topics` talks to nothing else.
+# provides `make_admin(settings, options) -> Admin`; `rafka-topics` talks to nothing else.
 
 
 class AdminError(EngineError):
