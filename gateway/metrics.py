@@ -19,7 +19,13 @@ from collections.abc import Iterator
 from wsgiref.simple_server import WSGIServer
 
 import structlog
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    start_http_server,
+)
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -172,6 +178,10 @@ class MetricsEndpoint:
         )
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(GatewayCollector(ctx, latency, self._lag))
+        # prometheus_client's standard ones: process_* (CPU, memory, file descriptors),
+        # python_gc_*, python_info.
+        for standard in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+            self.registry.register(standard)
         self._server: WSGIServer | None = None
         self._thread: threading.Thread | None = None
 

@@ -174,6 +174,9 @@ def test_scrape_reports_what_happened(
         # The BLPOP that waited 0.3 s for nothing is above 0.25 s.
         assert (count("blpop", "0.25") or 0) <= blpops - 1
         assert (metrics.value("rafka_command_duration_seconds_sum", command="blpop") or 0) >= 0.3
+        # prometheus_client's standard collectors: this process's.
+        assert (metrics.value("process_resident_memory_bytes") or 0) > 0
+        assert "python_info" in metrics.types
         # Neither a joined Dafka network nor a Kafka broker keeps the log on this machine.
         assert metrics.labelled("rafka_store_disk_usage_bytes") == {}
         producer.close()
