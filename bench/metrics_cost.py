@@ -17,11 +17,15 @@ from __future__ import annotations
 import argparse
 import statistics
 import subprocess
+import sys
 import threading
 import time
 import timeit
 import urllib.request
+from pathlib import Path
 from time import perf_counter
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.support, as run.py
 
 from backends.registry import ENGINES, EngineEntry
 from gateway.commands import COMMANDS
