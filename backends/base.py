@@ -413,6 +413,18 @@ class Admin(ABC):
     async def describe(self, topic: str) -> TopicDescription:
         """Partitions with their offsets, settings, groups; UnknownTopicError."""
 
+    async def describe_many(self, topics: Sequence[str]) -> list[TopicDescription]:
+        """`describe` of each of `topics`, in order, leaving out those that do not exist
+        (deleted since they were listed). Engines override it to share the work between
+        topics (the gateway's metrics describe every topic at each scrape)."""
+        described: list[TopicDescription] = []
+        for topic in topics:
+            try:
+                described.append(await self.describe(topic))
+            except UnknownTopicError:
+                continue
+        return described
+
     @abstractmethod
     async def delete_topic(self, name: str) -> None:
         """Delete `name` and its records; UnknownTopicError."""

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from backends.base import Admin, UnknownTopicError
+from backends.base import Admin
 
 log = structlog.get_logger("rafka.gateway.metrics")
 
@@ -108,13 +108,9 @@ class LagReader:
         admin = self._admin
         lags: list[PartitionLag] = []
         ends: list[PartitionEnd] = []
-        for topic in await admin.list_topics():
-            if topic.startswith(INTERNAL_PREFIX):
-                continue
-            try:
-                described = await admin.describe(topic)
-            except UnknownTopicError:  # deleted since the listing
-                continue
+        topics = [t for t in await admin.list_topics() if not t.startswith(INTERNAL_PREFIX)]
+        for described in await admin.describe_many(topics):
+            topic = described.name
             for offsets in described.partitions:
                 ends.append(PartitionEnd(topic, offsets.partition, offsets.first, offsets.next))
             for group in described.groups:
