@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -106,10 +107,18 @@ class LagReader:
         if self._admin is None:
             self._admin = self._make_admin()
         admin = self._admin
+        try:
+            topics = [t for t in await admin.list_topics() if not t.startswith(INTERNAL_PREFIX)]
+            descriptions = await admin.describe_many(topics)
+        except Exception:
+            # A fresh Admin next time, rather than one in whatever state this left it.
+            self._admin = None
+            with contextlib.suppress(Exception):
+                await admin.close()
+            raise
         lags: list[PartitionLag] = []
         ends: list[PartitionEnd] = []
-        topics = [t for t in await admin.list_topics() if not t.startswith(INTERNAL_PREFIX)]
-        for described in await admin.describe_many(topics):
+        for described in descriptions:
             topic = described.name
             for offsets in described.partitions:
                 ends.append(PartitionEnd(topic, offsets.partition, offsets.first, offsets.next))
