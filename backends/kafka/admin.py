@@ -47,7 +47,7 @@ LEGAL_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 _quiet = logging.getLogger("rafka.kafka.admin.librdkafka")
 _quiet.addHandler(logging.NullHandler())
 _quiet.propagate = False
-_POLL = 0.2  # seconds per consumer poll while reading partitions' ends
+_POLL = 0.02  # seconds per consumer poll while reading partitions' ends (consume() waits it out)
 
 
 def _code(error: BaseException) -> int | None:
@@ -180,6 +180,9 @@ class KafkaAdmin(Admin):
             "enable.auto.commit": False,
             "enable.partition.eof": True,
             "auto.offset.reset": "latest",
+            # The end of a partition is a fetch that finds nothing: do not let the broker
+            # hold it (500 ms by default) before it answers.
+            "fetch.wait.max.ms": 10,
         }
         try:
             consumer = RdConsumer(config, logger=_quiet)
