@@ -306,6 +306,12 @@ class Engine(ABC):
         """Where the log is, for the start-up line: e.g. the brokers, or a directory."""
         return ""
 
+    def disk_paths(self) -> tuple[str, ...]:
+        """The directories on this machine the engine keeps the log in (the gateway's
+        metrics report their size); () when the log lives elsewhere (a broker, a joined
+        network). Called from any thread."""
+        return ()
+
     async def partition_offsets(self, topic: str, partition: int) -> PartitionOffsets:
         """The first held and the next offset of (topic, partition), as of now.
 
@@ -335,7 +341,7 @@ class Engine(ABC):
 # --- administration: topics (rafka-topics) -----------------------------------------------
 #
 # Kept in one block at the end of the module. An engine module of `backends.registry`
-# provides `admin(settings, options) -> Admin`; `rafka-topics` talks to nothing else.
+# provides `make_admin(settings, options) -> Admin`; `rafka-topics` talks to nothing else.
 
 
 class AdminError(EngineError):
@@ -414,6 +420,18 @@ class Admin(ABC):
     @abstractmethod
     async def describe(self, topic: str) -> TopicDescription:
         """Partitions with their offsets, settings, groups; UnknownTopicError."""
+
+    async def describe_many(self, topics: Sequence[str]) -> list[TopicDescription]:
+        """`describe` of each of `topics`, in order, leaving out those that do not exist
+        (deleted since they were listed). Engines override it to share the work between
+        topics (the gateway's metrics describe every topic at each scrape)."""
+        described: list[TopicDescription] = []
+        for topic in topics:
+            try:
+                described.append(await self.describe(topic))
+            except UnknownTopicError:
+                continue
+        return described
 
     @abstractmethod
     async def delete_topic(self, name: str) -> None:

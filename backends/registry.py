@@ -9,7 +9,9 @@ module provides (see `EngineModule`):
   the key. The gateway keeps the result without looking into it.
 - `create(settings, stats, options)`: a new engine, not started yet.
 - `describe(settings)`: the settings for the start-up log line, secrets redacted.
-- `admin(settings, options)`: topic administration (`rafka-topics`), not connected yet.
+- `make_admin(settings, options)`: topic administration (`rafka-topics`, the gateway's
+  metrics), not connected yet. (Not `admin`: importing an engine's `admin` submodule
+  rebinds that name in its package.)
 
 Adding an engine is one entry in `ENGINES`.
 """
@@ -39,7 +41,7 @@ class EngineModule(Protocol):
 
     def describe(self, settings: EngineSettings) -> dict[str, object]: ...
 
-    def admin(self, settings: EngineSettings, options: EngineOptions) -> Admin: ...
+    def make_admin(self, settings: EngineSettings, options: EngineOptions) -> Admin: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +63,7 @@ class EngineEntry:
 
     def admin(self, settings: EngineSettings, options: EngineOptions) -> Admin:
         """Topic administration of this engine (`rafka-topics`); connects on first use."""
-        return self.load().admin(settings, options)
+        return self.load().make_admin(settings, options)
 
     def sections(self) -> tuple[str, ...]:
         """The sections of a configuration document that only this engine reads."""

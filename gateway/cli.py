@@ -52,7 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("cannot start the engine", engine=config.engine, error=str(error))
         print(f"rafka: cannot start the {config.engine} engine: {error}", file=sys.stderr)
         return 1
-    except OSError as error:  # e.g. the port is taken
+    except OSError as error:  # e.g. the port (or the metrics port) is taken
         log.error(
             "cannot listen",
             host=config.host,
@@ -60,6 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             tls_port=config.tls_port,
             error=str(error),
         )
+        print(f"rafka: {error}", file=sys.stderr)
         return 1
     return 0
 

@@ -89,6 +89,12 @@ class Config:
     log_level: str = "info"
     # Where an engine that keeps data on this machine keeps it (Dafka, embedded).
     data_dir: str = "rafka-data"
+    # The Prometheus endpoint (gateway.metrics): off while metrics_port is None; 0 picks a
+    # free port. metrics_host None: the gateway's own host.
+    metrics_port: int | None = None
+    metrics_host: str | None = None
+    # Bound on reading consumer lag at one scrape, seconds.
+    metrics_lag_timeout: float = 5.0
     # What the engine's parse_settings() made of its sections of the document; None
     # means those of an empty document.
     engine_settings: EngineSettings = None
@@ -242,6 +248,9 @@ _GATEWAY_KEYS: dict[str, Any] = {
     "log_format": lambda v: _as_choice("log_format", v, LOG_FORMATS),
     "log_level": lambda v: _as_choice("log_level", v, LOG_LEVELS),
     "data_dir": lambda v: _as_text("data_dir", v),
+    "metrics_port": lambda v: None if v is None else _as_int("metrics_port", v, 0, 65535),
+    "metrics_host": lambda v: _as_text("metrics_host", v),
+    "metrics_lag_timeout": lambda v: _as_seconds("metrics_lag_timeout", v, allow_zero=False),
 }
 
 
@@ -352,6 +361,14 @@ def argument_parser() -> argparse.ArgumentParser:
         help="client certificates: required (yes, the default), checked if given, or not asked",
     )
     parser.add_argument("--data-dir", help="where the embedded engine keeps its data")
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        help="serve Prometheus metrics on this port (default: off; 0: any free port)",
+    )
+    parser.add_argument(
+        "--metrics-host", help="the metrics endpoint's address (default: the --host one)"
+    )
     parser.add_argument("-v", "--version", action="version", version=f"rafka version {__version__}")
     parser.add_argument("--log-json", action="store_true", help="log JSON lines")
     for entry in ENGINES.values():
@@ -377,12 +394,12 @@ def from_args(argv: Sequence[str]) -> Config:
     gateway = document.setdefault("gateway", {})
     if not isinstance(gateway, dict):
         raise ConfigError("section 'gateway' must be a JSON object")
-    for key in ("port", "tls_port"):
+    for key in ("port", "tls_port", "metrics_port"):
         value = getattr(args, key)
         if value is not None and not 0 <= value <= 65535:
             option = "--" + key.replace("_", "-")
             raise ConfigError(f"{option} must be between 0 and 65535, got {value}")
-    for key in ("host", "port", "engine", "data_dir", *_TLS_KEYS):
+    for key in ("host", "port", "engine", "data_dir", "metrics_port", "metrics_host", *_TLS_KEYS):
         if getattr(args, key) is not None:
             gateway.pop(_redis_name(key), None)  # the flag wins over either spelling
             gateway[key] = getattr(args, key)

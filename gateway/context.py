@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from backends.base import Engine
 from gateway.clients import ClientIds
 from gateway.config import Config
+from gateway.latency import CommandLatency
 from gateway.monitor import MonitorHub
 from gateway.stats import ServerStats
 
@@ -21,6 +22,8 @@ class ServerContext:
     monitors: MonitorHub = field(default_factory=MonitorHub)
     # The ids of live connections, for SETNAME uniqueness.
     clients: ClientIds = field(default_factory=ClientIds)
+    # Per-command latency histograms: only with the metrics endpoint on (gateway.metrics).
+    latency: CommandLatency | None = None
     # Resolved once, when shutdown begins: BLPOPs answer `CONS Server shutdown` from then
     # on. A future (not an Event) so that a waiting BLPOP needs no extra task.
     shutdown_started: asyncio.Future[None] = field(

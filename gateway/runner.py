@@ -23,8 +23,10 @@ import structlog
 
 from backends.base import Engine, Stats
 from backends.registry import engine_entry
+from gateway.commands import COMMANDS
 from gateway.config import Config
 from gateway.context import ServerContext
+from gateway.latency import CommandLatency
 from gateway.server import Server
 from gateway.stats import ServerStats
 from gateway.tls import server_context
@@ -44,10 +46,19 @@ async def start_server(config: Config, *, engine: Engine | None = None) -> Serve
         entry = engine_entry(config.engine)
         engine = entry.create(config.engine_settings, stats, config.engine_options())
     await engine.start()
-    server = Server(ServerContext(config=config, engine=engine, stats=ServerStats(stats)), tls)
+    latency = CommandLatency(COMMANDS) if config.metrics_port is not None else None
+    ctx = ServerContext(config=config, engine=engine, stats=ServerStats(stats), latency=latency)
+    server = Server(ctx, tls)
     try:
+        if latency is not None:
+            from gateway.metrics import MetricsEndpoint  # prometheus_client: only when on
+
+            server.metrics = MetricsEndpoint(server.ctx, latency)
+            server.metrics.start()
         await server.start()
     except BaseException:
+        if server.metrics is not None:
+            await server.metrics.stop()
         await engine.stop()
         raise
     return server

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -15,6 +16,9 @@ from gateway.connection import Connection
 from gateway.context import ServerContext
 from gateway.resp import ParserLimits
 from gateway.tls import HANDSHAKE_TIMEOUT
+
+if TYPE_CHECKING:
+    from gateway.metrics import MetricsEndpoint
 
 log = structlog.get_logger("rafka.gateway.server")
 
@@ -44,6 +48,8 @@ class Server:
         self.port: int | None = None
         self.tls_port: int | None = None
         self.host = config.host
+        # The Prometheus endpoint, when on (set by gateway.runner.start_server).
+        self.metrics: MetricsEndpoint | None = None
 
     @property
     def connections(self) -> int:
@@ -130,6 +136,7 @@ class Server:
         # 6. Close everyone else; their producers flush.
         await self._close(list(self.live))
         # 7. Release the engine.
+        await self._stop_metrics()
         await self.ctx.engine.stop()
         log.info("shutdown complete")
 
@@ -145,11 +152,18 @@ class Server:
             connection.abandon()
         if connections:
             await asyncio.wait([c.closed for c in connections], timeout=ABANDON_GRACE)
+        await self._stop_metrics()  # bounded of its own: the engine gets its full grace
         try:
             async with asyncio.timeout(ABANDON_GRACE):
                 await self.ctx.engine.stop()
         except TimeoutError:
             log.error("engine did not stop in time, abandoned")
+
+    async def _stop_metrics(self) -> None:
+        """Before the engine: the metrics read consumer lag from the engine's deployment."""
+        metrics, self.metrics = self.metrics, None
+        if metrics is not None:
+            await metrics.stop()
 
     def _close_listener(self) -> None:
         for listener in self._listeners:

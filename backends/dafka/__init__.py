@@ -67,7 +67,7 @@ def _own(settings: EngineSettings) -> DafkaSettings:
     return settings
 
 
-def admin(settings: EngineSettings, options: EngineOptions) -> Admin:
+def make_admin(settings: EngineSettings, options: EngineOptions) -> Admin:
     from backends.dafka.admin import DafkaAdmin
 
     return DafkaAdmin(_own(settings), options)

@@ -22,7 +22,7 @@ import contextlib
 import itertools
 import queue
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
 
@@ -91,6 +91,22 @@ def check_config(config: Mapping[str, str]) -> None:
             number = -2
         if number < -1:
             raise AdminError(f"{key} must be an integer >= -1 (-1: forever), got {value!r}")
+
+
+def _groups(
+    topic: str, next_of: Mapping[int, int], deletion: TopicEntry | None, commits: CommitLog
+) -> tuple[GroupOffsets, ...]:
+    """The groups' committed offsets on `topic` and their lag. Commits made before the
+    topic's latest deletion belong to the deleted topic: dropped from `commits` (only
+    `topic`'s entries: the log can serve the other topics after)."""
+    if deletion is not None:
+        commits.forget(topic, deletion.unix_ms)
+    rows = [
+        GroupOffsets(group, partition, offset, max(0, next_of.get(partition, 0) - offset))
+        for group, name, partition, offset in commits.all()
+        if name == topic
+    ]
+    return tuple(sorted(rows, key=lambda row: (row.group, row.partition)))
 
 
 class DafkaAdmin(Admin):
@@ -298,9 +314,31 @@ class DafkaAdmin(Admin):
     async def describe(self, topic: str) -> TopicDescription:
         check_name(topic)
         _, observer, _ = await self._refresh()
+        described = await self._describe(topic, observer, await self._commits())
+        if described is None:
+            raise UnknownTopicError(f"Topic '{topic}' does not exist.")
+        return described
+
+    async def describe_many(self, topics: Sequence[str]) -> list[TopicDescription]:
+        """One refresh of the heads and the catalog, one read of the commits, for all."""
+        for topic in topics:
+            check_name(topic)
+        _, observer, _ = await self._refresh()
+        commits = await self._commits()
+        described: list[TopicDescription] = []
+        for topic in topics:
+            description = await self._describe(topic, observer, commits)
+            if description is not None:
+                described.append(description)
+        return described
+
+    async def _describe(
+        self, topic: str, observer: Observer, commits: CommitLog
+    ) -> TopicDescription | None:
+        """The description of `topic` after a refresh; None when it does not exist."""
         heads = observer.heads(topic)
         if not self._exists(topic, heads):
-            raise UnknownTopicError(f"Topic '{topic}' does not exist.")
+            return None
         entry = self._catalog.get(topic)
         deletion = self._deletions.get(topic)
         numbers = PartitionMap()
@@ -331,23 +369,15 @@ class DafkaAdmin(Admin):
             first = answered[0][0] if answered else head + 1
             offsets.append(TopicPartitionOffsets(number, min(first, head + 1), head + 1))
             next_of[number] = head + 1
-        groups = await self._groups(topic, next_of, deletion)
+        groups = _groups(topic, next_of, deletion, commits)
         return TopicDescription(topic, tuple(offsets), self._topic_config(topic, entry), groups)
 
-    async def _groups(
-        self, topic: str, next_of: Mapping[int, int], deletion: TopicEntry | None
-    ) -> tuple[GroupOffsets, ...]:
+    async def _commits(self) -> CommitLog:
+        """Every group's committed offsets, as the stores hold them now."""
         commits = CommitLog()
         for content in await self._read_to_heads(OFFSETS_TOPIC, "committed offsets"):
             commits.apply(content)
-        if deletion is not None:
-            commits.forget(topic, deletion.unix_ms)
-        rows = [
-            GroupOffsets(group, partition, offset, max(0, next_of.get(partition, 0) - offset))
-            for group, name, partition, offset in commits.all()
-            if name == topic
-        ]
-        return tuple(sorted(rows, key=lambda row: (row.group, row.partition)))
+        return commits
 
     def _topic_config(self, topic: str, entry: TopicEntry | None) -> Mapping[str, str]:
         """The catalog's settings of the topic, over the stores' own (when known: the

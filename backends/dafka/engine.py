@@ -91,6 +91,10 @@ class Network:
     def where(self) -> str:
         return ""
 
+    def disk_paths(self) -> tuple[str, ...]:
+        """The directories the network's stores keep records in on this machine."""
+        return ()
+
     async def start(self) -> None: ...
 
     async def stop(self) -> None: ...
@@ -148,6 +152,9 @@ class EmbeddedMode(Network):
 
     async def stop(self) -> None:
         await self._network.stop_async(self._stop_timeout)
+
+    def disk_paths(self) -> tuple[str, ...]:
+        return (str(self._network.data_dir),)
 
     def where(self) -> str:
         count = f"{self.stores} store" + ("s" if self.stores > 1 else "")
@@ -660,6 +667,9 @@ class DafkaEngine(Engine):
 
     def where(self) -> str:
         return self._network.where()
+
+    def disk_paths(self) -> tuple[str, ...]:
+        return self._network.disk_paths()
 
     # --- metadata --------------------------------------------------------------------------
 

@@ -4,7 +4,6 @@ engine and on the Kafka engine (Tansu): the sequence is the gateway's, whatever 
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from collections.abc import Mapping, Sequence
 
@@ -16,7 +15,7 @@ from gateway.runner import ServerThread
 from gateway.stats import ServerStats
 from tests.support.engines import GATEWAY_ENGINES
 from tests.support.fixtures import EngineFactories, GatewayConfig
-from tests.support.gateway import Raw, client, configured_engine
+from tests.support.gateway import Raw, client, configured_engine, refused
 from tests.support.waiting import wait_until
 
 
@@ -70,14 +69,6 @@ class HoldingEngine(Engine):
 
 def engine_for(config: Config) -> HoldingEngine:
     return HoldingEngine(configured_engine(config))
-
-
-def refused(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-    except ConnectionRefusedError:
-        return True
-    return False
 
 
 @pytest.fixture(params=["memory", *GATEWAY_ENGINES])
