@@ -242,6 +242,48 @@ class Consumer(ABC):
         raises as next() does. This default has no fast path."""
         return None
 
+    # A ConsumeError met by the default take_ready() after some records: raised by the
+    # next take_ready() (engines that override both keep errors in place instead).
+    _batch_error: ConsumeError | None = None
+
+    def take_ready(self, limit: int) -> list[Record]:
+        """Up to `limit` records that can be handed out at once (as next_ready()), in the
+        order next_ready() would hand them out; [] when none is. Counts as next() does;
+        raises a ConsumeError only when it returns no record (an error met after some
+        records is raised by the next call). This default loops on next_ready(); engines
+        override it to pay their per-record costs once per batch."""
+        error, self._batch_error = self._batch_error, None
+        if error is not None:
+            raise error
+        return self._gather([], limit)
+
+    def _gather(self, records: list[Record], limit: int) -> list[Record]:
+        while len(records) < limit:
+            try:
+                record = self.next_ready()
+            except ConsumeError as error:
+                if not records:
+                    raise
+                self._batch_error = error
+                break
+            if record is None:
+                break
+            records.append(record)
+        return records
+
+    async def next_batch(self, limit: int, timeout: float | None) -> list[Record]:
+        """Between 1 and `limit` records, waiting up to `timeout` seconds (None: forever)
+        for the first; [] after the timeout. Records already held come without waiting
+        for more; once a first record has come, whatever else is held then comes with
+        it. Order, counting and cancellation as next(): cancelling loses no record."""
+        ready = self.take_ready(limit)
+        if ready:
+            return ready
+        first = await self.next(timeout)
+        if first is None:
+            return []
+        return self._gather([first], limit)
+
     @abstractmethod
     def ack(self, topic: str, partition: int, offset: int) -> None:
         """Store `offset + 1` as the committed position of (topic, partition).
