@@ -6,7 +6,7 @@ perf tools join that network, so they and the gateway write to the same store):
    and pre-encoded; RPUSHX with 100 values + DUMP) next to `dafka-perf-store` (publish
    until a store has acknowledged); redis-py's own ceiling against a redis-server.
 2. Consume stored records through the gateway (BLPOP one record per call; pipelined
-   BLPOPs) next to `dafka-perf-consumer` reading stored records from the start.
+   BLPOPs; BLMPOP with COUNT) next to `dafka-perf-consumer` reading stored records from the start.
 3. Produce-to-BLPOP latency at fixed rates (a producer process sending timestamped RPUSHX,
    what is due at each instant in one pipeline; this process reading with 1 or N BLPOPs in
    flight; percentiles after a warm-up) next to `dafka-perf-store --rate --timestamp` with
@@ -222,6 +222,23 @@ def gateway_consume(port: int, topic: str, records: int) -> float:
     return (records - 1) / elapsed
 
 
+def gateway_consume_batch(port: int, topic: str, records: int, count: int) -> float:
+    """Records/s of BLMPOP ... COUNT `count` until `records` came (the join not timed)."""
+    client = redis.Redis(port=port, client_name=f"bench:{topic}-batch")
+    key = f"topics:{topic}"
+    first = client.blmpop(30, 1, key, direction="LEFT", count=1)
+    assert first is not None, "gateway consumer got nothing"
+    got = 0
+    start = time.perf_counter()
+    while got < records - 1:
+        reply = client.blmpop(30, 1, key, direction="LEFT", count=min(count, records - 1 - got))
+        assert reply is not None, f"BLMPOP waited 30 s for nothing after {got} records"
+        got += len(reply[1])
+    elapsed = time.perf_counter() - start
+    client.close()
+    return got / elapsed
+
+
 def direct_consume(bootstrap: str, topic: str, records: int) -> float:
     consumer = Consumer({**gateway_properties(bootstrap).consumer, "group.id": f"direct-{topic}"})
     consumer.subscribe([topic])
@@ -301,6 +318,7 @@ def kafka_bench(args: argparse.Namespace) -> None:
 
             print("\nKafka path: records/s, gateway vs direct confluent-kafka")
             direct, piped, multi, consumed, consumed_direct = [], [], [], [], []
+            batched = []
             for _ in range(runs):
                 topic_a = broker.create_topic(4)
                 topic_b = broker.create_topic(4)
@@ -312,11 +330,20 @@ def kafka_bench(args: argparse.Namespace) -> None:
                     direct_consume(broker.bootstrap, topic_b, args.consume_records)
                 )
                 consumed.append(gateway_consume(gateway.port, topic_a, args.consume_records))
+                batched.append(
+                    gateway_consume_batch(gateway.port, topic_c, args.records, args.blmpop_count)
+                )
             row("  produce, pipelined RPUSHX (1000/batch)", piped, direct, "direct producer")
             row("  produce, RPUSHX with 100 values", multi, direct, "direct producer")
             row(
                 "  consume, BLPOP one record per call",
                 consumed,
+                consumed_direct,
+                "direct consumer",
+            )
+            row(
+                f"  consume, BLMPOP COUNT {args.blmpop_count}",
+                batched,
                 consumed_direct,
                 "direct consumer",
             )
@@ -621,10 +648,11 @@ class DafkaBench:
         client.close()
 
     def consume(
-        self, group: str, topic: str, count: int, depth: int
+        self, group: str, topic: str, count: int, depth: int, batch: int = 0
     ) -> tuple[float, list[Delivered]]:
         """Records/s of `count` BLPOPs with redis-py (after the first one, which joins the
-        group), `depth` per pipeline (1: one call at a time), and what they delivered."""
+        group), `depth` per pipeline (1: one call at a time), and what they delivered.
+        With `batch`, BLMPOP ... COUNT `batch` one call at a time instead."""
         client = redis.Redis(port=self.port, client_name=f"{group}:bench", socket_timeout=60)
         key = f"topics:{topic}"
         got: list[Delivered] = []
@@ -635,7 +663,11 @@ class DafkaBench:
         got.append(delivered(first))
         start = time.perf_counter()
         while len(got) < count:
-            if depth == 1:
+            replies: list[Any]
+            if batch:
+                popped: Any = client.blmpop(10, 1, key, direction="LEFT", count=batch)
+                replies = [None] if popped is None else popped[1]
+            elif depth == 1:
                 replies = [client.blpop([key], timeout=10)]
             else:
                 pipe = client.pipeline(transaction=False)
@@ -728,7 +760,7 @@ def dafka_bench(args: argparse.Namespace, problems: Problems) -> None:
                 flush=True,
             )
             perf_store, piped, raw, multi, ceiling = [], [], [], [], []
-            perf_consumer, one, pipelined = [], [], []
+            perf_consumer, one, pipelined, batched = [], [], [], []
             for run in range(runs):
                 topic_piped, topic_raw, topic_multi = (
                     f"bench-{kind}-{run}" for kind in ("piped", "raw", "multi")
@@ -753,11 +785,17 @@ def dafka_bench(args: argparse.Namespace, problems: Problems) -> None:
                 )
                 pipelined.append(rate)
                 check_delivered(f"pipelined BLPOP, {topic_piped}", got, records, problems)
+                rate, got = bench.consume(
+                    f"batch{run}", topic_raw, records + WARM_UP_RECORDS, 1, args.blmpop_count
+                )
+                batched.append(rate)
+                check_delivered(f"BLMPOP, {topic_raw}", got, records, problems)
                 print(
                     f"  run {run + 1}: perf-store {perf_store[-1]:,.0f}, RPUSHX piped "
                     f"{piped[-1]:,.0f} (pre-encoded {raw[-1]:,.0f}), RPUSHX x100 "
                     f"{multi[-1]:,.0f}; perf-consumer {perf_consumer[-1]:,.0f}, BLPOP "
-                    f"{one[-1]:,.0f}, BLPOP piped {pipelined[-1]:,.0f} records/s",
+                    f"{one[-1]:,.0f}, BLPOP piped {pipelined[-1]:,.0f}, BLMPOP "
+                    f"{batched[-1]:,.0f} records/s",
                     flush=True,
                 )
 
@@ -774,6 +812,7 @@ def dafka_bench(args: argparse.Namespace, problems: Problems) -> None:
                 perf_consumer,
                 perf,
             )
+            row(f"  consume, BLMPOP COUNT {args.blmpop_count}", batched, perf_consumer, perf)
             print(
                 f"  (redis-py alone, pipelined RPUSHX to redis-server: "
                 f"{statistics.median(ceiling):,.0f}/s, the ceiling of the redis-py rows)"
@@ -859,6 +898,7 @@ def main() -> int:
         "--consume-records", type=int, default=10_000, help="records per BLPOP-per-call run"
     )
     parser.add_argument("--blpop-pipeline", type=int, default=200, help="BLPOPs per pipeline")
+    parser.add_argument("--blmpop-count", type=int, default=500, help="BLMPOP's COUNT")
     parser.add_argument(
         "--latency",
         type=latency_runs,
