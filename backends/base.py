@@ -25,6 +25,7 @@ committed offset or a member's position.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
@@ -86,6 +87,16 @@ class EngineError(Exception):
 
 class ProduceError(EngineError):
     """Produce refused at once, e.g. `Local: Queue full` (gateway answers `PROD <text>`)."""
+
+
+class QueueFullError(ProduceError):
+    """Refused because the engine's queue of records not yet durable is full (`Local:
+    Queue full`): transient, room comes as queued records become durable or fail.
+    `enqueued`: how many values of the refused call went in before the refusal."""
+
+    def __init__(self, text: str, enqueued: int = 0) -> None:
+        super().__init__(text)
+        self.enqueued = enqueued
 
 
 class ProducerCreationError(EngineError):
@@ -205,6 +216,13 @@ class Producer(ABC):
         for value in values:
             produce(topic, key, value)
         return len(values)
+
+    async def wait_for_room(self, timeout: float) -> None:
+        """After a QueueFullError: return once queued records (anyone's) have become
+        durable or failed since that refusal, so that a retry may find room, or after
+        `timeout` seconds. Never raises. This default only waits out the timeout: an
+        engine that raises QueueFullError overrides it."""
+        await asyncio.sleep(max(timeout, 0.0))
 
     @abstractmethod
     def outstanding(self) -> int:

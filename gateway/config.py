@@ -56,6 +56,10 @@ class Config:
     max_query_buffer: int = 64 * 1024 * 1024
     # BLPOP timeout when the last argument is not a number (Rafka's hard-coded 5 s).
     blpop_default_timeout: float = 5.0
+    # How long an RPUSHX whose records do not fit the engine's queue waits for room
+    # (Kafka's max.block.ms) before answering `PROD Local: Queue full`; meanwhile its
+    # connection is not read. 0 = answer at once (Rafka).
+    produce_block_timeout: float = 60.0
     # How long a closing session's producer may flush (Rafka's hard-coded 5 s).
     producer_close_timeout: float = 5.0
     # Bound on the whole shutdown sequence; work still pending after it is abandoned.
@@ -169,6 +173,7 @@ _GATEWAY_KEYS: dict[str, Any] = {
     "max_inline_length": lambda v: _as_int("max_inline_length", v, 1),
     "max_query_buffer": lambda v: _as_int("max_query_buffer", v, 1),
     "blpop_default_timeout": lambda v: _as_seconds("blpop_default_timeout", v, allow_zero=False),
+    "produce_block_timeout": lambda v: _as_seconds("produce_block_timeout", v, allow_zero=True),
     "producer_close_timeout": lambda v: _as_seconds("producer_close_timeout", v, allow_zero=True),
     "shutdown_timeout": lambda v: _as_seconds("shutdown_timeout", v, allow_zero=False),
     "metadata_timeout": lambda v: _as_seconds("metadata_timeout", v, allow_zero=False),

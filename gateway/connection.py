@@ -234,7 +234,8 @@ class Connection(asyncio.Protocol):
         return cast(Waiting, self._wait(reply, command))
 
     def _start_waiting(self, waiting: Waiting) -> None:
-        self._flow.command_waits()
+        assert self.session is not None
+        self._flow.command_waits(self.session.stop_reading)
         self._command = self._loop.create_task(waiting)
 
     async def _wait(self, pending: Awaitable[Reply], command: list[bytes]) -> None:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from backends.base import ProduceError, Producer, Stats
+from backends.base import ProduceError, Producer, QueueFullError, Stats
 from backends.dafka.envelope import MAGIC, wrap
 from backends.dafka.partitions import own_address
 from backends.dafka.producer import Producer as DafkaProducer
@@ -54,18 +54,24 @@ class PartitionWriter:
         self.ready: asyncio.Task[None] = self._loop.create_task(self._start())
 
     def submit(self, values: Sequence[bytes]) -> int:
-        """Queue `values`; returns the position after the last one."""
+        """Queue `values`; returns the position after the last one. Past
+        `queue_max_messages` records not yet acked, queues those that fit and raises
+        QueueFullError saying how many."""
         if self.failed is not None:
             raise ProduceError(self.failed)
-        limit = self._engine.settings.queue_max_messages
-        if self.submitted - self.acked + len(values) > limit:
-            raise ProduceError(QUEUE_FULL)
-        producer = self._producer
-        if producer is None:
-            self._waiting.extend(values)
-        else:
-            producer.publish_many(values)
-        self.submitted += len(values)
+        room = self._engine.settings.queue_max_messages - (self.submitted - self.acked)
+        full = room < len(values)
+        if full:
+            values = values[: max(room, 0)]
+        if values:
+            producer = self._producer
+            if producer is None:
+                self._waiting.extend(values)
+            else:
+                producer.publish_many(values)
+            self.submitted += len(values)
+        if full:
+            raise QueueFullError(QUEUE_FULL, len(values))
         return self.submitted
 
     async def _start(self) -> None:
@@ -157,8 +163,18 @@ class ProducerHandle(Producer):
         writer = self._engine.writer_for(topic, key)
         if key is not None or any(v.startswith(MAGIC) for v in values):
             values = [wrap(key, value) for value in values]
-        end = writer.submit(values)
-        start = end - len(values)
+        start = writer.submitted
+        try:
+            end = writer.submit(values)
+        except QueueFullError as full:
+            if full.enqueued:
+                self._note(writer, start, start + full.enqueued)
+            raise
+        self._note(writer, start, end)
+        return len(values)
+
+    def _note(self, writer: PartitionWriter, start: int, end: int) -> None:
+        """This session's records at positions [start, end) of `writer`."""
         ranges = self._ranges.get(writer)
         if ranges is None:
             ranges = self._ranges[writer] = collections.deque()
@@ -166,8 +182,12 @@ class ProducerHandle(Producer):
             ranges[-1][1] = end
         else:
             ranges.append([start, end])
-        self._engine.stats.incr(Stats.PRODUCED, len(values))
-        return len(values)
+        self._engine.stats.incr(Stats.PRODUCED, end - start)
+
+    async def wait_for_room(self, timeout: float) -> None:
+        # Writers make room when a store acknowledges (or a writer fails): both call
+        # engine.progress() on this loop, so none can come between the refusal and here.
+        await self._engine.wait_progress(timeout)
 
     def outstanding(self) -> int:
         left = 0
