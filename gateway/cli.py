@@ -11,6 +11,7 @@ import structlog
 from backends.base import EngineError
 from gateway import __version__, logs
 from gateway.config import Config, ConfigError, from_args
+from gateway.loops import loop_factory
 from gateway.resp_server import start_server
 
 log = structlog.get_logger("rafka")
@@ -40,7 +41,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # version).
     log.info("starting", version=__version__, config=config.redacted())
     try:
-        asyncio.run(serve(config))
+        with asyncio.Runner(loop_factory=loop_factory(config.event_loop)) as runner:
+            runner.run(serve(config))
     except EngineError as error:  # e.g. a locked data directory, no tower answering
         log.error("cannot start the engine", engine=config.engine, error=str(error))
         print(f"rafka: cannot start the {config.engine} engine: {error}", file=sys.stderr)

@@ -30,6 +30,7 @@ from backends.settings import REDACTED, JsonNumber, json_decoder
 from gateway import __version__
 
 LOG_FORMATS = ("console", "json")
+EVENT_LOOPS = ("asyncio", "uvloop")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
@@ -74,6 +75,8 @@ class Config:
     # Records one LRANGE may answer; a larger range is refused.
     max_range: int = 1000
     log_format: str = "console"
+    # The event loop: asyncio's own, or uvloop's (libuv; installed with rafka).
+    event_loop: str = "asyncio"
     log_level: str = "info"
     # Where an engine that keeps data on this machine keeps it (Dafka, embedded).
     data_dir: str = "rafka-data"
@@ -181,6 +184,7 @@ _GATEWAY_KEYS: dict[str, Any] = {
     "consume_batch": lambda v: _as_int("consume_batch", v, 1, 1_000_000),
     "max_range": lambda v: _as_int("max_range", v, 1, 1_000_000),
     "log_format": lambda v: _as_choice("log_format", v, LOG_FORMATS),
+    "event_loop": lambda v: _as_choice("event_loop", v, EVENT_LOOPS),
     "log_level": lambda v: _as_choice("log_level", v, LOG_LEVELS),
     "data_dir": lambda v: _as_text("data_dir", v),
 }
@@ -269,6 +273,7 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument("--data-dir", help="where the embedded engine keeps its data")
     parser.add_argument("-v", "--version", action="version", version=f"rafka version {__version__}")
     parser.add_argument("--log-json", action="store_true", help="log JSON lines")
+    parser.add_argument("--event-loop", choices=EVENT_LOOPS, help="the event loop (asyncio)")
     for entry in ENGINES.values():
         for flag in entry.flags():
             parser.add_argument(flag.flag, type=flag.type, help=flag.help, metavar="VALUE")
@@ -294,7 +299,7 @@ def from_args(argv: Sequence[str]) -> Config:
         raise ConfigError("section 'gateway' must be a JSON object")
     if args.port is not None and not 0 <= args.port <= 65535:
         raise ConfigError(f"--port must be between 0 and 65535, got {args.port}")
-    for key in ("host", "port", "engine", "data_dir"):
+    for key in ("host", "port", "engine", "data_dir", "event_loop"):
         if getattr(args, key) is not None:
             gateway[key] = getattr(args, key)
     if args.log_json:

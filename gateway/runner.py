@@ -25,6 +25,7 @@ from backends.base import Engine, Stats
 from backends.registry import engine_entry
 from gateway.config import Config
 from gateway.context import ServerContext
+from gateway.loops import loop_factory
 from gateway.server import Server
 
 log = structlog.get_logger("rafka.gateway.server")
@@ -77,7 +78,7 @@ class ServerThread:
         self._config = config
         self._engine = engine
         self._start_timeout = start_timeout
-        self._loop = asyncio.new_event_loop()
+        self._loop = loop_factory(config.event_loop)()
         self._thread = threading.Thread(target=self._loop.run_forever, name="rafka-gateway")
         self._server: Server | None = None
 
