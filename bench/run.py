@@ -30,6 +30,7 @@ BENCH_ARGS="--engine dafka"`), or `.venv/bin/python bench/run.py [--engine dafka
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import multiprocessing
 import re
@@ -220,6 +221,41 @@ def gateway_consume(port: int, topic: str, records: int) -> float:
     elapsed = time.perf_counter() - start
     client.close()
     return (records - 1) / elapsed
+
+
+def rss_kb(pid: int) -> int:
+    """A process's resident set size, KB (Linux /proc)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def idle_connections(port: int, pid: int, count: int) -> tuple[float, int]:
+    """Open `count` connections to the gateway, each served a PING, kept open while the
+    gateway's RSS is read: (KB of RSS per connection, connections that got PONG)."""
+
+    async def run() -> tuple[float, int]:
+        before = rss_kb(pid)
+        streams: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+        for start in range(0, count, 500):
+            opened = await asyncio.gather(
+                *(
+                    asyncio.open_connection("127.0.0.1", port)
+                    for _ in range(start, min(count, start + 500))
+                )
+            )
+            streams.extend(opened)
+        for _, writer in streams:
+            writer.write(b"PING\r\n")
+        answers = await asyncio.gather(*(reader.readline() for reader, _ in streams))
+        served = sum(answer == b"+PONG\r\n" for answer in answers)
+        after = rss_kb(pid)
+        for _, writer in streams:
+            writer.close()
+        return (after - before) / count, served
+
+    return asyncio.run(run())
 
 
 def gateway_consume_batch(port: int, topic: str, records: int, count: int) -> float:
@@ -541,11 +577,23 @@ class DafkaBench:
     which the Dafka perf tools join its network (the tower it started)."""
 
     def __init__(
-        self, workdir: Path, problems: Problems, dafka: dict[str, Any] | None = None
+        self,
+        workdir: Path,
+        problems: Problems,
+        dafka: dict[str, Any] | None = None,
+        event_loop: str = "asyncio",
     ) -> None:
         self.problems = problems
         data = workdir / "rafka-data"
-        document = {"gateway": {"engine": "dafka", "data_dir": str(data)}, "dafka": dafka or {}}
+        document = {
+            "gateway": {
+                "engine": "dafka",
+                "data_dir": str(data),
+                "event_loop": event_loop,
+                "max_clients": 20_000,
+            },
+            "dafka": dafka or {},
+        }
         config = workdir / "rafka.json"
         config.write_text(json.dumps(document, indent=2))
         self.gateway = RafkaProcess(config)
@@ -749,7 +797,7 @@ class DafkaBench:
 def dafka_bench(args: argparse.Namespace, problems: Problems) -> None:
     runs, records = args.runs, args.records
     with tempfile.TemporaryDirectory(prefix="rafka-bench-") as scratch:
-        bench = DafkaBench(Path(scratch), problems)
+        bench = DafkaBench(Path(scratch), problems, event_loop=args.event_loop)
         redis_server, redis_port = start_redis_server()
         try:
             print(
@@ -813,6 +861,15 @@ def dafka_bench(args: argparse.Namespace, problems: Problems) -> None:
                 perf,
             )
             row(f"  consume, BLMPOP COUNT {args.blmpop_count}", batched, perf_consumer, perf)
+            if args.idle_connections:
+                assert bench.gateway.child is not None
+                per_connection, served = idle_connections(
+                    bench.port, bench.gateway.child.popen.pid, args.idle_connections
+                )
+                print(
+                    f"  {args.idle_connections:,} idle connections, each served a PING: "
+                    f"{served:,} answered, gateway RSS {per_connection:.1f} KB per connection"
+                )
             print(
                 f"  (redis-py alone, pipelined RPUSHX to redis-server: "
                 f"{statistics.median(ceiling):,.0f}/s, the ceiling of the redis-py rows)"
@@ -899,6 +956,12 @@ def main() -> int:
     )
     parser.add_argument("--blpop-pipeline", type=int, default=200, help="BLPOPs per pipeline")
     parser.add_argument("--blmpop-count", type=int, default=500, help="BLMPOP's COUNT")
+    parser.add_argument(
+        "--idle-connections", type=int, default=10_000, help="idle connections (0: none)"
+    )
+    parser.add_argument(
+        "--event-loop", choices=("asyncio", "uvloop"), default="asyncio", help="the gateway's"
+    )
     parser.add_argument(
         "--latency",
         type=latency_runs,
