@@ -514,7 +514,7 @@ async def test_batches_keep_order_count_once_and_unacked_records_come_back(
     engine_factory: EngineFactory,
 ) -> None:
     topic, group = engine_factory.new_topic(2), new_group()
-    keyed = [(key, key + b"-%d" % n) for n in range(6) for key in KEYS]  # 48 records
+    keyed: list[Keyed] = [(key, key + b"-%d" % n) for n in range(6) for key in KEYS]  # 48
     async with engine_factory.running() as engine:
         first = await engine.consumer(group, "c1", [topic], {})
         record, elapsed = await timed(first.next_batch(5, 0.3))
@@ -547,7 +547,8 @@ async def test_batches_keep_order_count_once_and_unacked_records_come_back(
         assert {r.value for r in again} == unacked, "the unacked records, and only them"
 
         # A cancelled next_batch loses no record: they come out of the next calls, once.
-        await produce_all(engine, topic, [(KEYS[0], b"late-%d" % n) for n in range(3)])
+        late: list[Keyed] = [(KEYS[0], b"late-%d" % n) for n in range(3)]
+        await produce_all(engine, topic, late)
         waiting = asyncio.create_task(second.next_batch(10, None))
         await asyncio.sleep(0)
         waiting.cancel()
