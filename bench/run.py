@@ -739,8 +739,9 @@ class DafkaBench:
         self, topic: str, rate: int, warm_up: float, seconds: float, window: int
     ) -> tuple[dict[int, float], float, float]:
         """Produce-to-BLPOP percentiles (µs) of the records after `warm_up` seconds, with
-        `window` BLPOPs in flight on one connection (1: one at a time); the rates the
-        producer and the consumer (first record to last) achieved."""
+        `window` BLPOPs in flight on one connection (1: one at a time; -N: one
+        `BLMPOP ... COUNT N` at a time); the rates the producer and the consumer (first
+        record to last) achieved."""
         count = int(rate * (warm_up + seconds))
         self.warm_up(topic)
         client = RawClient(self.port, f"latency-{topic}:bench")
@@ -758,6 +759,10 @@ class DafkaBench:
         got: list[Delivered] = []
         producer.start()
         first = last = 0
+        batch = -window if window < 0 else 0
+        if batch:
+            blpop = encode("BLMPOP", 10, 1, f"topics:{topic}", "LEFT", "COUNT", batch)
+            window = 1
         try:
             client.send(blpop * min(window, count))
             sent = min(window, count)
@@ -768,11 +773,12 @@ class DafkaBench:
                 for reply in replies:
                     if reply is None or isinstance(reply, hiredis.ReplyError):
                         raise RuntimeError(f"BLPOP answered {reply!r}")
-                    record = delivered(reply)
-                    got.append(record)
-                    latencies.append(now - unpack(record[2])[0])
-                more = min(len(replies), count - sent)
-                if more > 0:
+                    for one in reply[1] if batch else [reply]:
+                        record = delivered(one)
+                        got.append(record)
+                        latencies.append(now - unpack(record[2])[0])
+                more = len(replies) if batch else min(len(replies), count - sent)
+                if more > 0 and len(got) < count:
                     client.send(blpop * more)
                     sent += more
         except (RuntimeError, OSError) as error:
@@ -907,7 +913,7 @@ def dafka_latency(
             )
             ours[window].append((figures, consumed))
             notes.append(
-                f"{window} in flight {latency_text(figures)} ({produced:,.0f}/s produced, "
+                f"{window_label(window)}: {latency_text(figures)} ({produced:,.0f}/s produced, "
                 f"{consumed:,.0f}/s consumed)"
             )
         print(
@@ -918,7 +924,7 @@ def dafka_latency(
     for window in windows:
         mine = median_percentiles([figures for figures, _ in ours[window]])
         consumed = statistics.median(rate for _, rate in ours[window])
-        label = "one BLPOP at a time" if window == 1 else f"{window} BLPOPs in flight"
+        label = window_label(window)
         ratios = "/".join(f"{mine[pct] / max(theirs[pct], 1):.0f}" for pct in PERCENTILES)
         behind = (
             f"; FELL BEHIND: consumed {consumed:,.0f}/s, the latency is the backlog"
@@ -927,6 +933,12 @@ def dafka_latency(
         )
         print(f"  {'RPUSHX -> ' + label:<40} {latency_text(mine)}   ratio {ratios}{behind}")
     print(f"  {'dafka-perf-store -> dafka-perf-consumer':<40} {latency_text(theirs)}")
+
+
+def window_label(window: int) -> str:
+    if window < 0:
+        return f"BLMPOP COUNT {-window}"
+    return "one BLPOP at a time" if window == 1 else f"{window} BLPOPs in flight"
 
 
 def median_percentiles(runs: Sequence[dict[int, float]]) -> dict[int, float]:
@@ -938,11 +950,13 @@ def latency_text(figures: dict[int, float]) -> str:
 
 
 def latency_runs(text: str) -> dict[int, list[int]]:
-    """`5000:100,1000:1` -> {5000: [100], 1000: [1]}: BLPOPs in flight per rate."""
+    """`5000:100,1000:1,1000:m500` -> {5000: [100], 1000: [1, -500]}: BLPOPs in flight per
+    rate; `mN`: one BLMPOP COUNT N at a time (-N)."""
     runs: dict[int, list[int]] = {}
     for item in text.split(","):
         rate, _, window = item.partition(":")
-        runs.setdefault(int(rate), []).append(int(window or 1))
+        count = -int(window[1:]) if window.startswith("m") else int(window or 1)
+        runs.setdefault(int(rate), []).append(count)
     return runs
 
 
@@ -965,8 +979,9 @@ def main() -> int:
     parser.add_argument(
         "--latency",
         type=latency_runs,
-        default=latency_runs("5000:100,1000:1,1000:100"),
-        help="latency runs as RATE:BLPOPS_IN_FLIGHT,... (default 5000:100,1000:1,1000:100)",
+        default=latency_runs("10000:100,10000:m500,1000:1,1000:m500"),
+        help="latency runs as RATE:BLPOPS_IN_FLIGHT or RATE:mCOUNT (one BLMPOP COUNT at a "
+        "time),... (default 10000:100,10000:m500,1000:1,1000:m500)",
     )
     parser.add_argument("--warm-up", type=float, default=1.0, help="latency: seconds not measured")
     parser.add_argument("--seconds", type=float, default=3.0, help="latency: seconds measured")
