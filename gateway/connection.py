@@ -26,6 +26,7 @@ from gateway.flow import FlowControl
 from gateway.idle import IdleTimer
 from gateway.resp import (
     NULL_ARRAY,
+    Encoded,
     ErrorReply,
     ParserLimits,
     ProtocolError,
@@ -51,6 +52,7 @@ _IMMEDIATE: frozenset[type] = frozenset(
         dict,
         str,
         SimpleString,
+        Encoded,
         ErrorReply,
         type(None),
         type(NULL_ARRAY),

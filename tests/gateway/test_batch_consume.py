@@ -10,6 +10,9 @@ from typing import Any
 
 import pytest
 
+from backends.base import Record
+from gateway.commands.consume import batch_reply, record_reply
+from gateway.resp import encode
 from gateway.runner import ServerThread
 from tests.support.engines import GATEWAY_ENGINES
 from tests.support.fixtures import EngineFactories, GatewayConfig
@@ -178,3 +181,18 @@ def test_a_client_gone_mid_pipeline_gets_its_unacked_records_again(
         assert rest == values[acked:], "from the last ack on, in order, nothing lost"
         again.command("BLMPOP", "0.2", "1", key, "LEFT", "COUNT", "3")
         assert again.read_reply() is None, "nothing acked came again"
+
+
+@pytest.mark.parametrize("protocol", [2, 3])
+def test_a_batch_is_encoded_as_the_list_of_blpop_records_would_be(protocol: int) -> None:
+    """BLMPOP encodes its records in one pass: the bytes are those of the generic encoder
+    for [key, [record, ...]], null values and several topics included."""
+    records = [
+        Record("orders", 3, 41, None, b"x" * 100),
+        Record("orders", 3, 42, b"k", None),
+        Record("caf\u00e9", 0, 0, None, b""),
+    ]
+    key = b'topics:orders,caf\xc3\xa9:{"a":1}'
+    expected = encode([key, [record_reply(record) for record in records]], protocol)
+    assert encode(batch_reply(key, records, protocol), protocol) == expected
+    assert encode(batch_reply(key, [], protocol), protocol) == encode([key, []], protocol)
