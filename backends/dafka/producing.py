@@ -48,6 +48,10 @@ class PartitionWriter:
         self._producer: DafkaProducer | None = None
         self._first_sequence = 0
         self._waiting: list[bytes] = []  # produced before the actor existed
+        # Submitted during this pass of the event loop: handed to the actor once, at the
+        # end of the pass, so that many connections' RPUSHX cost one hand-over (one lock,
+        # at most one wake-up of the actor's thread).
+        self._pending: list[bytes] = []
         self.submitted = 0
         self.acked = 0  # positions below are held by a store
         self.failed: str | None = None
@@ -64,11 +68,12 @@ class PartitionWriter:
         if full:
             values = values[: max(room, 0)]
         if values:
-            producer = self._producer
-            if producer is None:
+            if self._producer is None:
                 self._waiting.extend(values)
             else:
-                producer.publish_many(values)
+                if not self._pending:
+                    self._loop.call_soon(self.publish_pending)
+                self._pending.extend(values)
             self.submitted += len(values)
         if full:
             raise QueueFullError(QUEUE_FULL, len(values))
@@ -89,6 +94,20 @@ class PartitionWriter:
         waiting, self._waiting = self._waiting, []
         if waiting:
             self._producer.publish_many(waiting)
+
+    def publish_pending(self) -> None:
+        """Hand what this pass submitted to the actor (loop thread)."""
+        pending, self._pending = self._pending, []
+        if not pending or self._producer is None:
+            return
+        try:
+            self._producer.publish_many(pending)
+        except RuntimeError as error:  # the actor is gone: these records never go out
+            self.failed = f"Local: Transport failure: {error}"
+            log.error("partition writer failed", topic=self.topic, error=str(error))
+            if not self.internal:
+                self._engine.stats.incr(Stats.DELIVERY_ERRORS, len(pending))
+            self._engine.progress()
 
     def _open(self) -> DafkaProducer:
         engine = self._engine
@@ -135,7 +154,8 @@ class PartitionWriter:
             self._engine.progress()
 
     def close(self, timeout: float) -> int:
-        """Blocking: flush up to `timeout` and stop the actor; returns records left."""
+        """Blocking: flush up to `timeout` and stop the actor; returns records left.
+        Call publish_pending() on the loop first."""
         producer, self._producer = self._producer, None
         if producer is None:
             return len(self._waiting)
