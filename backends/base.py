@@ -25,6 +25,7 @@ committed offset or a member's position.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
@@ -98,6 +99,16 @@ class EngineError(Exception):
 
 class ProduceError(EngineError):
     """Produce refused at once, e.g. `Local: Queue full` (gateway answers `PROD <text>`)."""
+
+
+class QueueFullError(ProduceError):
+    """Refused because the engine's queue of records not yet durable is full (`Local:
+    Queue full`): transient, room comes as queued records become durable or fail.
+    `enqueued`: how many values of the refused call went in before the refusal."""
+
+    def __init__(self, text: str, enqueued: int = 0) -> None:
+        super().__init__(text)
+        self.enqueued = enqueued
 
 
 class ProducerCreationError(EngineError):
@@ -214,6 +225,13 @@ class Producer(ABC):
             produce(topic, key, value)
         return len(values)
 
+    async def wait_for_room(self, timeout: float) -> None:
+        """After a QueueFullError: return once queued records (anyone's) have become
+        durable or failed since that refusal, so that a retry may find room, or after
+        `timeout` seconds. Never raises. This default only waits out the timeout: an
+        engine that raises QueueFullError overrides it."""
+        await asyncio.sleep(max(timeout, 0.0))
+
     @abstractmethod
     def outstanding(self) -> int:
         """Records of this handle neither durable (delivered) nor failed yet."""
@@ -249,6 +267,48 @@ class Consumer(ABC):
         thread hop (the gateway then answers BLPOP without a task); else None. Counts and
         raises as next() does. This default has no fast path."""
         return None
+
+    # A ConsumeError met by the default take_ready() after some records: raised by the
+    # next take_ready() (engines that override both keep errors in place instead).
+    _batch_error: ConsumeError | None = None
+
+    def take_ready(self, limit: int) -> list[Record]:
+        """Up to `limit` records that can be handed out at once (as next_ready()), in the
+        order next_ready() would hand them out; [] when none is. Counts as next() does;
+        raises a ConsumeError only when it returns no record (an error met after some
+        records is raised by the next call). This default loops on next_ready(); engines
+        override it to pay their per-record costs once per batch."""
+        error, self._batch_error = self._batch_error, None
+        if error is not None:
+            raise error
+        return self._gather([], limit)
+
+    def _gather(self, records: list[Record], limit: int) -> list[Record]:
+        while len(records) < limit:
+            try:
+                record = self.next_ready()
+            except ConsumeError as error:
+                if not records:
+                    raise
+                self._batch_error = error
+                break
+            if record is None:
+                break
+            records.append(record)
+        return records
+
+    async def next_batch(self, limit: int, timeout: float | None) -> list[Record]:
+        """Between 1 and `limit` records, waiting up to `timeout` seconds (None: forever)
+        for the first; [] after the timeout. Records already held come without waiting
+        for more; once a first record has come, whatever else is held then comes with
+        it. Order, counting and cancellation as next(): cancelling loses no record."""
+        ready = self.take_ready(limit)
+        if ready:
+            return ready
+        first = await self.next(timeout)
+        if first is None:
+            return []
+        return self._gather([first], limit)
 
     @abstractmethod
     def ack(self, topic: str, partition: int, offset: int) -> None:

@@ -11,6 +11,7 @@ import structlog
 from backends.base import EngineError
 from gateway import __version__, logs
 from gateway.config import Config, ConfigError, from_args
+from gateway.loops import loop_factory
 from gateway.runner import serve_until_signal, start_server
 
 log = structlog.get_logger("rafka")
@@ -43,7 +44,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # version).
     log.info("starting", version=__version__, config=config.redacted())
     try:
-        asyncio.run(serve(config))
+        with asyncio.Runner(loop_factory=loop_factory(config.event_loop)) as runner:
+            runner.run(serve(config))
     except ConfigError as error:  # e.g. a TLS file that is missing or holds no key
         log.error("bad configuration", error=str(error))
         print(f"rafka: {error}", file=sys.stderr)

@@ -30,6 +30,7 @@ from backends.settings import REDACTED, JsonNumber, json_decoder
 from gateway import __version__
 
 LOG_FORMATS = ("console", "json")
+EVENT_LOOPS = ("asyncio", "uvloop")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 # tls-auth-clients, as in redis.conf: client certificates required, checked when given, or
 # not asked for.
@@ -72,6 +73,10 @@ class Config:
     max_query_buffer: int = 64 * 1024 * 1024
     # BLPOP timeout when the last argument is not a number (Rafka's hard-coded 5 s).
     blpop_default_timeout: float = 5.0
+    # How long an RPUSHX whose records do not fit the engine's queue waits for room
+    # (Kafka's max.block.ms) before answering `PROD Local: Queue full`; meanwhile its
+    # connection is not read. 0 = answer at once (Rafka).
+    produce_block_timeout: float = 60.0
     # How long a closing session's producer may flush (Rafka's hard-coded 5 s).
     producer_close_timeout: float = 5.0
     # Bound on the whole shutdown sequence; work still pending after it is abandoned.
@@ -86,6 +91,8 @@ class Config:
     # Records one LRANGE may answer; a larger range is refused.
     max_range: int = 1000
     log_format: str = "console"
+    # The event loop: asyncio's own, or uvloop's (libuv; installed with rafka).
+    event_loop: str = "asyncio"
     log_level: str = "info"
     # Where an engine that keeps data on this machine keeps it (Dafka, embedded).
     data_dir: str = "rafka-data"
@@ -239,6 +246,7 @@ _GATEWAY_KEYS: dict[str, Any] = {
     "max_inline_length": lambda v: _as_int("max_inline_length", v, 1),
     "max_query_buffer": lambda v: _as_int("max_query_buffer", v, 1),
     "blpop_default_timeout": lambda v: _as_seconds("blpop_default_timeout", v, allow_zero=False),
+    "produce_block_timeout": lambda v: _as_seconds("produce_block_timeout", v, allow_zero=True),
     "producer_close_timeout": lambda v: _as_seconds("producer_close_timeout", v, allow_zero=True),
     "shutdown_timeout": lambda v: _as_seconds("shutdown_timeout", v, allow_zero=False),
     "metadata_timeout": lambda v: _as_seconds("metadata_timeout", v, allow_zero=False),
@@ -246,6 +254,7 @@ _GATEWAY_KEYS: dict[str, Any] = {
     "consume_batch": lambda v: _as_int("consume_batch", v, 1, 1_000_000),
     "max_range": lambda v: _as_int("max_range", v, 1, 1_000_000),
     "log_format": lambda v: _as_choice("log_format", v, LOG_FORMATS),
+    "event_loop": lambda v: _as_choice("event_loop", v, EVENT_LOOPS),
     "log_level": lambda v: _as_choice("log_level", v, LOG_LEVELS),
     "data_dir": lambda v: _as_text("data_dir", v),
     "metrics_port": lambda v: None if v is None else _as_int("metrics_port", v, 0, 65535),
@@ -371,6 +380,7 @@ def argument_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--version", action="version", version=f"rafka version {__version__}")
     parser.add_argument("--log-json", action="store_true", help="log JSON lines")
+    parser.add_argument("--event-loop", choices=EVENT_LOOPS, help="the event loop (asyncio)")
     for entry in ENGINES.values():
         for flag in entry.flags():
             parser.add_argument(flag.flag, type=flag.type, help=flag.help, metavar="VALUE")
@@ -399,7 +409,8 @@ def from_args(argv: Sequence[str]) -> Config:
         if value is not None and not 0 <= value <= 65535:
             option = "--" + key.replace("_", "-")
             raise ConfigError(f"{option} must be between 0 and 65535, got {value}")
-    for key in ("host", "port", "engine", "data_dir", "metrics_port", "metrics_host", *_TLS_KEYS):
+    flags = ("host", "port", "engine", "data_dir", "event_loop", "metrics_port", "metrics_host")
+    for key in (*flags, *_TLS_KEYS):
         if getattr(args, key) is not None:
             gateway.pop(_redis_name(key), None)  # the flag wins over either spelling
             gateway[key] = getattr(args, key)

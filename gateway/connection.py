@@ -27,6 +27,7 @@ from gateway.flow import FlowControl
 from gateway.idle import IdleTimer
 from gateway.resp import (
     NULL_ARRAY,
+    Encoded,
     ErrorReply,
     ParserLimits,
     ProtocolError,
@@ -52,6 +53,7 @@ _IMMEDIATE: frozenset[type] = frozenset(
         dict,
         str,
         SimpleString,
+        Encoded,
         ErrorReply,
         type(None),
         type(NULL_ARRAY),
@@ -251,7 +253,8 @@ class Connection(asyncio.Protocol):
         return cast(Waiting, self._wait(reply, command))
 
     def _start_waiting(self, waiting: Waiting) -> None:
-        self._flow.command_waits()
+        assert self.session is not None
+        self._flow.command_waits(self.session.stop_reading)
         self._command = self._loop.create_task(waiting)
 
     async def _wait(self, pending: Awaitable[Reply], command: list[bytes]) -> None:

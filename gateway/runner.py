@@ -27,6 +27,7 @@ from gateway.commands import COMMANDS
 from gateway.config import Config
 from gateway.context import ServerContext
 from gateway.latency import CommandLatency
+from gateway.loops import loop_factory
 from gateway.server import Server
 from gateway.stats import ServerStats
 from gateway.tls import server_context
@@ -92,7 +93,7 @@ class ServerThread:
         self._config = config
         self._engine = engine
         self._start_timeout = start_timeout
-        self._loop = asyncio.new_event_loop()
+        self._loop = loop_factory(config.event_loop)()
         self._thread = threading.Thread(target=self._loop.run_forever, name="rafka-gateway")
         self._server: Server | None = None
 

@@ -307,6 +307,7 @@ class DafkaEngine(Engine):
         for writer in writers:
             with contextlib.suppress(Exception):
                 await writer.ready
+            writer.publish_pending()
         left = await asyncio.gather(*(asyncio.to_thread(w.close, timeout) for w in writers))
         if any(left):
             log.warning("records not acknowledged by any store at stop", records=sum(left))

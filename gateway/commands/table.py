@@ -26,6 +26,21 @@ _SPECS = (
         key_step=1,
     ),
     CommandSpec(
+        "BLMPOP",
+        consume.blmpop,
+        -5,
+        ("write", "blocking"),
+        "Consume up to n records: BLMPOP <timeout> 1 topics:<t1,t2>[:<json>] LEFT COUNT <n>",
+        "list",
+        (
+            Argument("timeout", "double"),
+            Argument("numkeys", "integer"),
+            Argument("key", "key", multiple=True),
+            Argument("where"),
+            Argument("count", "integer", optional=True, token="COUNT"),
+        ),
+    ),
+    CommandSpec(
         "RPUSH",
         consume.rpush,
         -2,

@@ -251,7 +251,7 @@ def test_redis_py_both_protocols(server: ServerThread) -> None:
 def test_command_introspection(server: ServerThread) -> None:
     with Raw(server.port) as raw:
         raw.command("COMMAND", "COUNT")
-        raw.expect(b":17\r\n")
+        raw.expect(b":18\r\n")
         raw.command("COMMAND", "INFO", "rpushx", "nosuch")
         raw.expect(
             b"*2\r\n*10\r\n$6\r\nrpushx\r\n:-3\r\n*2\r\n+write\r\n+fast\r\n"
@@ -261,6 +261,10 @@ def test_command_introspection(server: ServerThread) -> None:
         raw.expect(b"*2\r\n$5\r\nblpop\r\n*10\r\n$7\r\nsummary\r\n")
         assert raw.read_line().startswith(b"$")
         assert raw.read_line().startswith(b"Consume one record")
+    with Raw(server.port) as raw:
+        raw.command("COMMAND", "DOCS", "blmpop")
+        docs = raw.read_reply()
+        assert docs[0] == b"blmpop" and docs[1][1].startswith(b"Consume up to n records")
 
 
 def test_redis_cli_talks_to_the_gateway(server: ServerThread) -> None:
