@@ -41,6 +41,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     log.info("starting", version=__version__, config=config.redacted())
     try:
         asyncio.run(serve(config))
+    except ConfigError as error:  # run-time push subscriptions that cannot be read
+        print(f"rafka: {error}", file=sys.stderr)
+        return 1
     except EngineError as error:  # e.g. a locked data directory, no tower answering
         log.error("cannot start the engine", engine=config.engine, error=str(error))
         print(f"rafka: cannot start the {config.engine} engine: {error}", file=sys.stderr)

@@ -10,6 +10,7 @@ from backends.base import Engine, Stats
 from gateway.clients import ClientIds
 from gateway.config import Config
 from gateway.monitor import MonitorHub
+from gateway.push.manager import PushManager
 
 
 @dataclass
@@ -18,6 +19,8 @@ class ServerContext:
     engine: Engine
     stats: Stats
     monitors: MonitorHub = field(default_factory=MonitorHub)
+    # The HTTP push subscriptions (gateway.push); None when the server runs without.
+    push: PushManager | None = None
     # The ids of live connections, for SETNAME uniqueness.
     clients: ClientIds = field(default_factory=ClientIds)
     # Resolved once, when shutdown begins: BLPOPs answer `CONS Server shutdown` from then

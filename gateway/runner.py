@@ -23,8 +23,10 @@ import structlog
 
 from backends.base import Engine, Stats
 from backends.registry import engine_entry
-from gateway.config import Config
+from gateway.config import Config, ConfigError
 from gateway.context import ServerContext
+from gateway.push.manager import PushManager, state_path
+from gateway.push.spec import SubscriptionError
 from gateway.server import Server
 
 log = structlog.get_logger("rafka.gateway.server")
@@ -33,19 +35,28 @@ T = TypeVar("T")
 
 
 async def start_server(config: Config, *, engine: Engine | None = None) -> Server:
-    """Start the engine (the one `config` names, unless given) and listen; the caller
-    owns the Server and calls shutdown()."""
+    """Start the engine (the one `config` names, unless given), listen, and start the
+    push subscriptions; the caller owns the Server and calls shutdown().
+
+    Raises ConfigError for run-time subscriptions kept in the data directory that
+    cannot be read (before the engine starts)."""
     stats = engine.stats if engine is not None else Stats()
     if engine is None:
         entry = engine_entry(config.engine)
         engine = entry.create(config.engine_settings, stats, config.engine_options())
+    push = PushManager(engine, stats, config.subscriptions, state_path(config.data_dir))
+    try:
+        push.load()
+    except SubscriptionError as error:
+        raise ConfigError(str(error)) from None
     await engine.start()
-    server = Server(ServerContext(config=config, engine=engine, stats=stats))
+    server = Server(ServerContext(config=config, engine=engine, stats=stats, push=push))
     try:
         await server.start()
     except BaseException:
         await engine.stop()
         raise
+    push.start()
     return server
 
 

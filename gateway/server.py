@@ -102,7 +102,7 @@ class Server:
         #      their producers flush), and wait for them. New connections are still
         #      accepted and served meanwhile (BLPOP refused, RPUSHX allowed).
         consuming = [c for c in self.live if c.session and c.session.consumer is not None]
-        await self._close(consuming)
+        await asyncio.gather(self._close(consuming), self._stop_push())
         # 5. Stop accepting.
         self._close_listener()
         # 6. Close everyone else; their producers flush.
@@ -110,6 +110,12 @@ class Server:
         # 7. Release the engine.
         await self.ctx.engine.stop()
         log.info("shutdown complete")
+
+    async def _stop_push(self) -> None:
+        """Stop the push subscriptions: records being delivered are not acked (they are
+        delivered again after a restart); each subscription's consumer commits."""
+        if self.ctx.push is not None:
+            await self.ctx.push.stop()
 
     async def _close(self, connections: list[Connection]) -> None:
         for connection in connections:
@@ -123,6 +129,11 @@ class Server:
             connection.abandon()
         if connections:
             await asyncio.wait([c.closed for c in connections], timeout=ABANDON_GRACE)
+        try:
+            async with asyncio.timeout(ABANDON_GRACE):
+                await self._stop_push()
+        except TimeoutError:
+            log.error("push subscriptions did not stop in time, abandoned")
         try:
             async with asyncio.timeout(ABANDON_GRACE):
                 await self.ctx.engine.stop()
