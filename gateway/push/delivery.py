@@ -108,7 +108,9 @@ class Deliverer:
             ) as response:
                 if 200 <= response.status < 300:
                     return None
-                text = (await response.text(errors="replace"))[:_BODY_PREVIEW]
+                # Only the start of the body: an error page may be large.
+                start = await response.content.read(_BODY_PREVIEW)
+                text = start.decode("utf-8", "replace")
                 return f"{url}: HTTP {response.status} {text}".rstrip()
         except TimeoutError:
             return f"{url}: no answer within {self._subscription.timeout:g}s"
