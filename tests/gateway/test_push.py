@@ -274,3 +274,29 @@ def test_the_push_command_refuses_bad_input(
             with pytest.raises(redis.ResponseError) as error:
                 c.execute_command("RAFKA.PUSH", *args)
             assert str(error.value).startswith(text), (args, str(error.value))
+
+
+def test_a_subscription_holds_no_more_records_than_its_concurrency(
+    config: Callable[..., Config], new_topic: Callable[[int], str], sink: HttpSink
+) -> None:
+    """A URL that never answers in time: the subscription keeps retrying the records it
+    holds and takes no more from the engine than `concurrency`."""
+    topic = new_topic(4)
+    sink.answer("/never", lambda body: STALL)
+    hook = subscription(
+        "held",
+        topic,
+        [sink.url("/never")],
+        concurrency=3,
+        timeout=0.2,
+        retry={"attempts": 1_000_000, **QUICK},
+    )
+    with ServerThread(config([hook])) as server:
+        for key in ("a", "b", "c", "d"):
+            produce(server, topic, key, [b"%s%d" % (key.encode(), n) for n in range(5)])
+        # Failed attempts are the clock: many rounds of retries have gone by.
+        wait_until(lambda: stat(server, "push.held.failed_attempts") >= 12, 30, "12 timeouts")
+        assert stat(server, "consumer.consumed.messages") == 3
+        asked = {(r.body["partition"], r.body["offset"]) for r in sink.received("/never")}
+        assert 1 <= len(asked) <= 3, asked
+        assert stat(server, "push.held.delivered") == 0
