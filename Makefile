@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
 .PHONY: run test test-fast venv system-packages lint typecheck compose-check pytest bench \
-	bench-dafka clean
+	bench-dafka bench-push clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -75,6 +75,10 @@ bench: venv system-packages
 # The Dafka programs (tower, store, perf tools) as processes on loopback: throughput, latency.
 bench-dafka: venv
 	$(BIN)/python bench/dafka.py
+
+# HTTP push subscriptions (docs/push.md) against a bare aiohttp loop to the same server.
+bench-push: venv
+	$(BIN)/python bench/push.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
