@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from gateway.config import ConfigError, from_dict
+from gateway.monitor import REDACTED_ARG, redact
 from gateway.push.spec import parse_subscriptions
 from gateway.runner import ServerThread
 from tests.support.fixtures import EngineFactories, GatewayConfig
@@ -86,6 +87,12 @@ def test_defaults_and_secrets_kept_out_of_the_log() -> None:
     assert (hook.concurrency, hook.timeout, hook.retry.attempts) == (1, 10.0, 5)
     assert hook.dead_letter_topic == "t.dead-letter"
     assert "Bearer k" not in json.dumps(config.redacted())
+
+
+def test_monitor_does_not_show_a_subscription_being_added() -> None:
+    added = [b"rafka.push", b"add", b'{"headers": {"Authorization": "Bearer k"}}']
+    assert redact(added) == [b"rafka.push", b"add", REDACTED_ARG]
+    assert redact([b"RAFKA.PUSH", b"REMOVE", b"x"]) == [b"RAFKA.PUSH", b"REMOVE", b"x"]
 
 
 def test_rafka_exits_with_the_error_for_a_malformed_subscription(tmp_path: Path) -> None:
