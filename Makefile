@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
 .PHONY: run test test-fast venv system-packages lint typecheck compose-check pytest bench \
-	bench-dafka bench-tls clean
+	bench-dafka bench-tls bench-push clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -79,6 +79,10 @@ bench-dafka: venv
 # TLS vs plaintext on one gateway (embedded Dafka), with redis-benchmark (about 2 min).
 bench-tls: venv system-packages
 	$(BIN)/python bench/tls.py $(BENCH_ARGS)
+
+# HTTP push subscriptions (docs/push.md) against a bare aiohttp loop to the same server.
+bench-push: venv
+	$(BIN)/python bench/push.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -46,7 +46,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with asyncio.Runner(loop_factory=loop_factory(config.event_loop)) as runner:
             runner.run(serve(config))
-    except ConfigError as error:  # e.g. a TLS file that is missing or holds no key
+    except ConfigError as error:  # a TLS file, or run-time push subscriptions, unreadable
         log.error("bad configuration", error=str(error))
         print(f"rafka: {error}", file=sys.stderr)
         return 1

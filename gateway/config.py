@@ -5,12 +5,14 @@ flags, the file's `gateway` section, the defaults below.
 
 File format (Rafka 0.6.2, spec §8.2, plus `gateway`)::
 
-    {"general": {...}, "consumer": {...}, "producer": {...}, "gateway": {...}}
+    {"general": {...}, "consumer": {...}, "producer": {...}, "gateway": {...},
+     "subscriptions": [...]}
 
 The gateway reads only its own `gateway` section, whose `engine` names the engine. That
 engine reads its own sections of the same document (the Kafka engine: Rafka's
 `general`, `consumer` and `producer`; see backends.registry) into settings the gateway
-keeps without looking into them. Numbers are decoded as Go did (`JsonNumber`). Missing
+keeps without looking into them. `subscriptions` lists the HTTP push subscriptions
+(gateway.push.spec; docs/push.md). Numbers are decoded as Go did (`JsonNumber`). Missing
 sections are empty; unknown top-level keys are ignored, as in Rafka.
 """
 
@@ -28,6 +30,7 @@ from backends.base import EngineConfigError, EngineOptions, EngineSettings
 from backends.registry import DEFAULT_ENGINE, ENGINES, engine_entry, engine_for
 from backends.settings import REDACTED, JsonNumber, json_decoder
 from gateway import __version__
+from gateway.push.spec import Subscription, SubscriptionError, parse_subscriptions
 
 LOG_FORMATS = ("console", "json")
 EVENT_LOOPS = ("asyncio", "uvloop")
@@ -105,6 +108,8 @@ class Config:
     # What the engine's parse_settings() made of its sections of the document; None
     # means those of an empty document.
     engine_settings: EngineSettings = None
+    # HTTP push subscriptions of the configuration file (docs/push.md).
+    subscriptions: tuple[Subscription, ...] = ()
     config_path: str | None = None
 
     def __post_init__(self) -> None:
@@ -139,6 +144,11 @@ class Config:
                 out[item.name] = REDACTED
             elif item.name == "users":
                 out[item.name] = {user: REDACTED for user in value}
+            elif item.name == "subscriptions":
+                # Header values may be credentials (Authorization).
+                out[item.name] = [
+                    {**s.to_json(), "headers": dict.fromkeys(s.headers, REDACTED)} for s in value
+                ]
             else:
                 out[item.name] = value
         return out
@@ -314,6 +324,11 @@ def check_document(document: Mapping[str, Any]) -> dict[str, Any]:
             raise ConfigError(str(error)) from None
     engine = settings["engine"]
     settings["engine_settings"] = _engine_settings(engine, document)
+    if "subscriptions" in document:
+        try:
+            settings["subscriptions"] = parse_subscriptions(document["subscriptions"])
+        except SubscriptionError as error:
+            raise ConfigError(str(error)) from None
     return settings
 
 

@@ -11,6 +11,7 @@ from gateway.clients import ClientIds
 from gateway.config import Config
 from gateway.latency import CommandLatency
 from gateway.monitor import MonitorHub
+from gateway.push.manager import PushManager
 from gateway.stats import ServerStats
 
 
@@ -20,6 +21,8 @@ class ServerContext:
     engine: Engine
     stats: ServerStats  # the engine's counters and the gateway's
     monitors: MonitorHub = field(default_factory=MonitorHub)
+    # The HTTP push subscriptions (gateway.push); None when the server runs without.
+    push: PushManager | None = None
     # The ids of live connections, for SETNAME uniqueness.
     clients: ClientIds = field(default_factory=ClientIds)
     # Per-command latency histograms: only with the metrics endpoint on (gateway.metrics).

@@ -325,3 +325,11 @@ def from_engine(error: EngineError) -> RespError:
         if isinstance(error, kind):
             return make(str(error))
     raise TypeError(f"no RESP text for {type(error).__name__}: {error}") from error
+
+
+# --- HTTP push subscriptions (RAFKA.PUSH; docs/push.md) -----------------------------------
+
+
+def push_refused(cause: str) -> RespError:
+    """A RAFKA.PUSH change or subscription refused; `cause` names the key or the reason."""
+    return err(f"push: {cause}")

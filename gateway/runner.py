@@ -24,10 +24,12 @@ import structlog
 from backends.base import Engine, Stats
 from backends.registry import engine_entry
 from gateway.commands import COMMANDS
-from gateway.config import Config
+from gateway.config import Config, ConfigError
 from gateway.context import ServerContext
 from gateway.latency import CommandLatency
 from gateway.loops import loop_factory
+from gateway.push.manager import PushManager, state_path
+from gateway.push.spec import SubscriptionError
 from gateway.server import Server
 from gateway.stats import ServerStats
 from gateway.tls import server_context
@@ -38,17 +40,26 @@ T = TypeVar("T")
 
 
 async def start_server(config: Config, *, engine: Engine | None = None) -> Server:
-    """Start the engine (the one `config` names, unless given) and listen; the caller
-    owns the Server and calls shutdown(). Bad TLS files raise ConfigError before the
-    engine starts."""
+    """Start the engine (the one `config` names, unless given), listen, and start the
+    push subscriptions; the caller owns the Server and calls shutdown().
+
+    Raises ConfigError before the engine starts for bad TLS files and for run-time
+    subscriptions kept in the data directory that cannot be read."""
     tls = server_context(config)
     stats = engine.stats if engine is not None else Stats()
     if engine is None:
         entry = engine_entry(config.engine)
         engine = entry.create(config.engine_settings, stats, config.engine_options())
+    push = PushManager(engine, stats, config.subscriptions, state_path(config.data_dir))
+    try:
+        push.load()
+    except SubscriptionError as error:
+        raise ConfigError(str(error)) from None
     await engine.start()
     latency = CommandLatency(COMMANDS) if config.metrics_port is not None else None
-    ctx = ServerContext(config=config, engine=engine, stats=ServerStats(stats), latency=latency)
+    ctx = ServerContext(
+        config=config, engine=engine, stats=ServerStats(stats), latency=latency, push=push
+    )
     server = Server(ctx, tls)
     try:
         if latency is not None:
@@ -62,6 +73,7 @@ async def start_server(config: Config, *, engine: Engine | None = None) -> Serve
             await server.metrics.stop()
         await engine.stop()
         raise
+    push.start()
     return server
 
 

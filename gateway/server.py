@@ -130,7 +130,7 @@ class Server:
         #      their producers flush), and wait for them. New connections are still
         #      accepted and served meanwhile (BLPOP refused, RPUSHX allowed).
         consuming = [c for c in self.live if c.session and c.session.consumer is not None]
-        await self._close(consuming)
+        await asyncio.gather(self._close(consuming), self._stop_push())
         # 5. Stop accepting.
         self._close_listener()
         # 6. Close everyone else; their producers flush.
@@ -139,6 +139,12 @@ class Server:
         await self._stop_metrics()
         await self.ctx.engine.stop()
         log.info("shutdown complete")
+
+    async def _stop_push(self) -> None:
+        """Stop the push subscriptions: records being delivered are not acked (they are
+        delivered again after a restart); each subscription's consumer commits."""
+        if self.ctx.push is not None:
+            await self.ctx.push.stop()
 
     async def _close(self, connections: list[Connection]) -> None:
         for connection in connections:
@@ -153,6 +159,11 @@ class Server:
         if connections:
             await asyncio.wait([c.closed for c in connections], timeout=ABANDON_GRACE)
         await self._stop_metrics()  # bounded of its own: the engine gets its full grace
+        try:
+            async with asyncio.timeout(ABANDON_GRACE):
+                await self._stop_push()
+        except TimeoutError:
+            log.error("push subscriptions did not stop in time, abandoned")
         try:
             async with asyncio.timeout(ABANDON_GRACE):
                 await self.ctx.engine.stop()

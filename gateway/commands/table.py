@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.commands import admin, connection, consume, introspection, produce, read
+from gateway.commands import admin, connection, consume, introspection, produce, push, read
 from gateway.commands.base import Argument, CommandSpec, Reply
 from gateway.session import Session
 
@@ -137,6 +137,15 @@ _SPECS = (
         ("admin", "noscript"),
         "Stream every command the server receives",
         "server",
+    ),
+    CommandSpec(
+        "RAFKA.PUSH",
+        push.push,
+        -2,
+        ("admin",),
+        "HTTP push subscriptions: RAFKA.PUSH ADD <json> | LIST | REMOVE <name>",
+        "server",
+        (Argument("subcommand"), Argument("arg", optional=True)),
     ),
     CommandSpec(
         "PING",
