@@ -5,19 +5,24 @@ are stored (they are consumable afterwards), and answers within its bound meanwh
 
 from __future__ import annotations
 
+import errno
+import json
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
-from e2e.helpers import WAIT, DafkaDeployment, Producing, drain
+from e2e.helpers import WAIT, DafkaDeployment, Producing, dafka_document, drain, produce
 from tests.support.processes import child_running, pid_gone
-from tests.support.rafka_process import RafkaProcess, write_config
-from tests.support.tansu import TansuBroker
+from tests.support.rafka_process import RAFKA, RafkaProcess, write_config
+from tests.support.tansu import TansuBroker, free_port
 from tests.support.waiting import wait_until
 
 STORE = "backends.dafka.tools.stored"
@@ -155,3 +160,80 @@ def test_broker_restarted_under_load_answers_errors_then_recovers(tmp_path: Path
     assert not missing, f"{len(missing)} DUMP-confirmed records lost: {sorted(missing)[:5]}"
     assert not producing.errors, producing.errors[:3]
     assert producing.slowest_dump < 1 + 2, f"a DUMP took {producing.slowest_dump:.1f}s"
+
+
+# --- a full or read-only data directory ---------------------------------------------------
+
+
+def own_filesystem(directory: Path, options: str) -> list[str]:
+    """A wrapper for RafkaProcess: rafka runs in a user and mount namespace of its own,
+    with a tmpfs mounted (`options`, e.g. `size=16m`) on `directory`; no root needed where
+    unprivileged user namespaces are allowed, and nothing outlives the process."""
+    script = 'mount -t tmpfs -o "$1" tmpfs "$2" && shift 2 && exec "$@"'
+    unshare = ["unshare", "--user", "--map-root-user", "--mount"]
+    return [*unshare, "sh", "-c", script, "sh", options, str(directory)]
+
+
+@pytest.fixture(scope="module")
+def namespaces() -> None:
+    probe = subprocess.run(
+        ["unshare", "--user", "--map-root-user", "--mount", "true"], capture_output=True
+    )
+    if probe.returncode != 0:
+        # Filling a real filesystem needs root (a loop device) or a namespace of our own.
+        pytest.skip(f"no user namespaces here (unshare: {probe.stderr.decode().strip()})")
+
+
+def test_full_data_directory_counts_nothing_as_stored(namespaces: None, tmp_path: Path) -> None:
+    data = tmp_path / "rafka-data"
+    data.mkdir()
+    config = tmp_path / "rafka.json"
+    config.write_text(json.dumps(dafka_document(data)))
+    server = RafkaProcess(config, wrapper=own_filesystem(data, "size=16m"))
+    server.start()
+    assert server.child is not None
+    client = redis.Redis(port=server.port, socket_timeout=WAIT, retry=Retry(NoBackoff(), 0))
+    try:
+        before = [f"b{i}" for i in range(50)]
+        produce(server.port, "p1-full", before)
+        # The tmpfs is visible in the process's own mount namespace only.
+        filler = Path(f"/proc/{server.child.pid}/root") / data.relative_to("/") / "filler"
+        with pytest.raises(OSError) as full, filler.open("wb") as out:
+            for _ in range(16 * 16 + 1):  # 64 KiB at a time: more than the 16 MiB
+                out.write(b"\0" * 65536)
+                out.flush()
+        assert full.value.errno == errno.ENOSPC
+        # Records larger than a page: none fits in what the log file's last page has left.
+        big = [b"%d" % i + b"x" * 8192 for i in range(20)]
+        assert client.execute_command("RPUSHX", "topics:p1-full", *big) == 20
+        started = time.monotonic()
+        assert client.execute_command("DUMP", "1000") == 20, "DUMP counted unstored records"
+        assert time.monotonic() - started < 1 + 2, "DUMP overran its bound"
+        wait_until(
+            lambda: "No space left on device" in server.stderr(),
+            WAIT,
+            "the gateway's log does not say the data directory is full",
+        )
+        assert client.ping()
+        got = drain(server.port, "full", "p1-full", {v.encode() for v in before})
+    finally:
+        client.close()
+        server.kill()
+    assert {v.encode() for v in before} <= set(got), "records stored before the disk filled"
+
+
+def test_read_only_data_directory_is_a_clear_error_at_start(
+    namespaces: None, tmp_path: Path
+) -> None:
+    data = tmp_path / "rafka-data"
+    data.mkdir()
+    port = free_port()
+    result = subprocess.run(
+        [*own_filesystem(data, "ro,size=1m"), str(RAFKA), "--data-dir", str(data), "-p", str(port)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1, result.stderr
+    assert "cannot start the dafka engine" in result.stderr
+    assert f"{data}: Read-only file system" in result.stderr, result.stderr
