@@ -51,6 +51,10 @@ class Closed(Exception):
     """The connection went away (the gateway restarted, or we dropped it)."""
 
 
+class NoConnection(Exception):
+    """The gateway accepted no connection (answering PING) until the deadline."""
+
+
 def encode(args: tuple[bytes | str | int, ...]) -> bytes:
     parts = [b"*%d\r\n" % len(args)]
     for arg in args:
@@ -73,11 +77,11 @@ class Link:
         )
         return cls(reader, writer)
 
-    async def call(self, *args: bytes | str | int) -> object:
+    async def call(self, *args: bytes | str | int, timeout: float = REPLY_TIMEOUT) -> object:
         try:
             self.writer.write(encode(args))
             while (reply := self.parser.gets()) is False:
-                data = await asyncio.wait_for(self.reader.read(65536), REPLY_TIMEOUT)
+                data = await asyncio.wait_for(self.reader.read(65536), timeout)
                 if not data:
                     raise Closed
                 self.parser.feed(data)
@@ -131,6 +135,7 @@ class Summary:
     lost_examples: list[str] = field(default_factory=list)
     lost_by_topic: dict[str, int] = field(default_factory=dict)
     random_disconnects: int = 0
+    connect_failures: int = 0  # connections not reopened within their deadline
     reconnects: int = 0
     restart_seconds: float = 0.0  # from the stop to the new gateway answering PING
     idle_held: int = 0  # idle connections answering PING at the end
@@ -148,6 +153,8 @@ class Summary:
             found.append(f"{self.lost} DUMP-confirmed records never consumed")
         if self.confirmed == 0:
             found.append("no record was confirmed")
+        if self.connect_failures:
+            found.append(f"{self.connect_failures} connections could not be reopened")
         if self.idle_held < self.idle:
             found.append(f"only {self.idle_held} of {self.idle} idle connections held")
         if self.rss_peak_kib > options.max_rss_mib * 1024:
@@ -166,6 +173,11 @@ class Run:
         self.producing = True
         self.stop_at = 0.0  # producers and consumers stop at this monotonic time
         self.logs: list[str] = []  # the stderr of each gateway stopped
+        self.gate = asyncio.Semaphore(CONNECTING_AT_ONCE)
+        self.opened = 0
+        self.settled = 0  # idle connections opened, or given up
+        self.all_idle_open = asyncio.Event()
+        self.idle_started = asyncio.Event()
 
     @property
     def port(self) -> int:
@@ -175,15 +187,19 @@ class Run:
         """A new connection, retried (the gateway may be restarting) until `deadline`."""
         pause = 0.05
         while True:
+            link: Link | None = None
             try:
-                link = await Link.open(self.port)
-                if await link.call("PING") == b"PONG":
-                    return link
-                link.close()
+                async with self.gate:  # the gateway's listen backlog is about 100
+                    link = await Link.open(self.port)
+                    if await link.call("PING", timeout=CONNECT_TIMEOUT) == b"PONG":
+                        return link
             except (OSError, TimeoutError, Closed):
                 pass
+            if link is not None:
+                link.close()  # never leave a half-open attempt counting against max_clients
             if time.monotonic() + pause > deadline:
-                raise TimeoutError("could not connect to the gateway before the deadline")
+                self.summary.connect_failures += 1
+                raise NoConnection
             await asyncio.sleep(pause + self.random.random() * pause)  # back off, spread
             pause = min(pause * 2, 1.0)
 
@@ -202,28 +218,46 @@ class Run:
 
     # --- the connections -----------------------------------------------------------------
 
-    async def idle(self, gate: asyncio.Semaphore, opened: list[int]) -> Link:
-        async with gate:
+    async def hold_idle(self) -> Link | None:
+        """Open an idle connection and keep it until the run stops: when the gateway drops
+        it (the restart), open another."""
+        try:
             link = await self.connect(time.monotonic() + 60)
-        opened[0] += 1
+        except NoConnection:
+            self.settle()
+            return None
+        self.opened += 1
+        self.settle()
+        await self.idle_started.wait()
+        deadline = self.stop_at
+        try:
+            while (left := deadline - time.monotonic()) > 0:
+                try:
+                    await asyncio.wait_for(link.wait_closed(), left)
+                except TimeoutError:
+                    break
+                self.summary.reconnects += 1
+                link = await self.connect(deadline + 60)
+        except NoConnection:
+            return None
         return link
 
-    async def hold_idle(self, link: Link, deadline: float) -> Link:
-        """Keep an idle connection: when the gateway drops it (the restart), open another."""
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                await asyncio.wait_for(link.wait_closed(), left)
-            except TimeoutError:
-                break
-            self.summary.reconnects += 1
-            link = await self.connect(deadline + 60)
-        return link
+    def settle(self) -> None:
+        self.settled += 1
+        if self.settled == self.options.idle:
+            self.all_idle_open.set()
 
     async def producer(self, number: int) -> None:
         topic = self.topics[number % len(self.topics)]
-        sequence = 0
         producers = max(1, self.options.active - self.options.consumers)
         interval = self.options.batch * producers / self.options.rate
+        try:
+            await self.produce(number, topic, interval)
+        except NoConnection:
+            return
+
+    async def produce(self, number: int, topic: str, interval: float) -> None:
+        sequence = 0
         link = await self.connect(self.stop_at)
         while (left := self.stop_at - time.monotonic()) > 0:
             # Paced (each producer about one batch per interval, spread): an active client.
@@ -249,6 +283,10 @@ class Run:
         link.close()
 
     async def consumer(self, number: int, until: asyncio.Event) -> None:
+        with suppress(NoConnection):
+            await self.consume(number, until)
+
+    async def consume(self, number: int, until: asyncio.Event) -> None:
         topic = self.topics[number % len(self.topics)]
         group = f"soak{number % len(self.topics)}"
         link = await self.consumer_link(group, number)
@@ -322,9 +360,9 @@ async def soak(options: Options, server: RafkaProcess, topics: list[str]) -> Sum
     summary = run.summary
     began = time.monotonic()
     summary.rss_start_kib = run.rss()
-    gate = asyncio.Semaphore(CONNECTING_AT_ONCE)
-    opened = [0]
-    idle = await asyncio.gather(*(run.idle(gate, opened) for _ in range(options.idle)))
+    holders = [asyncio.create_task(run.hold_idle()) for _ in range(options.idle)]
+    if options.idle:
+        await asyncio.wait_for(run.all_idle_open.wait(), 60 + CONNECT_TIMEOUT * 2)
     summary.rss_idle_kib = run.rss()
     if options.idle:
         per = (summary.rss_idle_kib - summary.rss_start_kib) / options.idle
@@ -335,7 +373,7 @@ async def soak(options: Options, server: RafkaProcess, topics: list[str]) -> Sum
     consumers = min(options.consumers, options.active)
     tasks = [asyncio.create_task(run.consumer(n, consuming_done)) for n in range(consumers)]
     producers = [asyncio.create_task(run.producer(n)) for n in range(options.active - consumers)]
-    holders = [asyncio.create_task(run.hold_idle(link, run.stop_at)) for link in idle]
+    run.idle_started.set()
     sampler = asyncio.create_task(run.sample_rss(sampling_done))
     await asyncio.sleep(options.duration / 2)  # the run's timeline: restart halfway
     await run.restart()
@@ -354,7 +392,8 @@ async def soak(options: Options, server: RafkaProcess, topics: list[str]) -> Sum
     answers = await asyncio.gather(*(ping(link) for link in held))
     summary.idle_held = sum(answers)
     for link in held:
-        link.close()
+        if link is not None:
+            link.close()
     sampling_done.set()
     await sampler
     run.rss()
@@ -377,7 +416,9 @@ async def soak(options: Options, server: RafkaProcess, topics: list[str]) -> Sum
     return summary
 
 
-async def ping(link: Link) -> bool:
+async def ping(link: Link | None) -> bool:
+    if link is None:
+        return False
     try:
         return await link.call("PING") == b"PONG"
     except (Closed, TimeoutError):
