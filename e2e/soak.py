@@ -113,7 +113,8 @@ class Options:
     rate: float = 1500.0  # records per second, all producers together (a sustainable load)
     duration: float = 180.0
     drain: float = 120.0
-    disconnect_rate: float = 0.002
+    disconnect_rate: float = 0.002  # a producer's chance, per batch, to drop its connection
+    consumer_disconnect_rate: float = 0.002  # a consumer's, per record (before its ack)
     kill: bool = False
     max_rss_mib: float = 2048.0
     seed: int = 1
@@ -209,8 +210,8 @@ class Run:
             return True
         return False
 
-    def maybe_drop(self, link: Link) -> bool:
-        if self.producing and self.random.random() < self.options.disconnect_rate:
+    def maybe_drop(self, link: Link, rate: float) -> bool:
+        if self.producing and self.random.random() < rate:
             self.summary.random_disconnects += 1
             link.close()
             return True
@@ -269,7 +270,7 @@ class Run:
                 if self.error(reply):
                     continue  # paced: the next try waits its interval
                 self.summary.produced += len(values)
-                if self.maybe_drop(link):
+                if self.maybe_drop(link, self.options.disconnect_rate):
                     raise Closed  # before DUMP: these records are not confirmed
                 outstanding = await link.call("DUMP", "10000")
                 if outstanding == 0:
@@ -302,7 +303,7 @@ class Run:
                 fields = dict(zip(reply[::2], reply[1::2], strict=True))
                 self.delivered[fields[b"value"]] += 1
                 ack = f"{topic}:{int(fields[b'partition'])}:{int(fields[b'offset'])}"
-                if self.maybe_drop(link):
+                if self.maybe_drop(link, self.options.consumer_disconnect_rate):
                     raise Closed  # before the ack: the group hands the record out again
                 self.error(await link.call("RPUSH", "acks", ack))
             except Closed:
@@ -468,7 +469,8 @@ def parse(argv: list[str]) -> Options:
     parser.add_argument("--engine", choices=["dafka", "kafka"], default=defaults.engine)
     for name in ("active", "idle", "consumers", "topics", "partitions", "batch", "seed"):
         parser.add_argument(f"--{name}", type=int, default=getattr(defaults, name))
-    for name in ("rate", "duration", "drain", "disconnect_rate", "max_rss_mib"):
+    floats = ("rate", "duration", "drain", "disconnect_rate", "consumer_disconnect_rate")
+    for name in (*floats, "max_rss_mib"):
         flag = "--" + name.replace("_", "-")
         parser.add_argument(flag, type=float, default=getattr(defaults, name))
     parser.add_argument("--kill", action="store_true", help="restart with kill -9, not SIGTERM")
