@@ -78,7 +78,7 @@ bench-dafka: venv
 	$(BIN)/python bench/dafka.py
 
 # A real gateway under 1,000 active and 10,000 idle connections, random disconnects and one
-# restart (about 6 min): nothing DUMP confirmed is lost, RSS bounded; prints a summary.
+# restart (about 4 min): nothing DUMP confirmed is lost, RSS bounded; prints a summary.
 # `make soak SOAK_ARGS="--engine kafka --duration 60"`; `--help` for the rest.
 soak: venv system-packages
 	$(BIN)/python -m e2e.soak $(SOAK_ARGS)
