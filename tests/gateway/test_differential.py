@@ -133,7 +133,7 @@ DIFFERENT: dict[str, Difference] = {
         "other `CLIENT` subcommands",
         redis3=rb"=\d+\r\ntxt:id=.*\n\r\n",
     ),
-    "COMMAND COUNT": Difference(b"COMMAND COUNT\r\n", rb":17\r\n", rb":\d{3}\r\n", "`COMMAND`"),
+    "COMMAND COUNT": Difference(b"COMMAND COUNT\r\n", rb":19\r\n", rb":\d{3}\r\n", "`COMMAND`"),
     "COMMAND INFO": Difference(
         b"COMMAND INFO PING\r\n",
         rb"\*1\r\n\*10\r\n\$4\r\nping\r\n:-1\r\n\*1\r\n\+fast\r\n:0\r\n:0\r\n:0\r\n"
