@@ -69,6 +69,9 @@ class Config:
     max_clients: int = 10_000
     # Seconds a connection may stay silent before it is closed; 0 = never.
     idle_timeout: float = 0.0
+    # Seconds one command may take to arrive in full once its first byte has come (a
+    # client trickling a partial command is silent to no idle timeout); 0 = no bound.
+    partial_command_timeout: float = 300.0
     # RESP parser limits (gateway.resp.ParserLimits).
     max_arguments: int = 1024 * 1024
     max_bulk_length: int = 32_768_000
@@ -91,6 +94,8 @@ class Config:
     consume_batch: int = 500
     # Lines a MONITOR connection may have queued before new ones are dropped (Rafka: 1000).
     monitor_queue_size: int = 1000
+    # Bytes of lines a MONITOR connection may have queued before new ones are dropped.
+    monitor_queue_bytes: int = 16 * 1024 * 1024
     # Records one LRANGE may answer; a larger range is refused.
     max_range: int = 1000
     log_format: str = "console"
@@ -251,6 +256,7 @@ _GATEWAY_KEYS: dict[str, Any] = {
     "auth_failure_delay": lambda v: _as_seconds("auth_failure_delay", v, allow_zero=True),
     "max_clients": lambda v: _as_int("max_clients", v, 1),
     "idle_timeout": lambda v: _as_seconds("idle_timeout", v, allow_zero=True),
+    "partial_command_timeout": lambda v: _as_seconds("partial_command_timeout", v, allow_zero=True),
     "max_arguments": lambda v: _as_int("max_arguments", v, 1),
     "max_bulk_length": lambda v: _as_int("max_bulk_length", v, 1),
     "max_inline_length": lambda v: _as_int("max_inline_length", v, 1),
@@ -261,6 +267,7 @@ _GATEWAY_KEYS: dict[str, Any] = {
     "shutdown_timeout": lambda v: _as_seconds("shutdown_timeout", v, allow_zero=False),
     "metadata_timeout": lambda v: _as_seconds("metadata_timeout", v, allow_zero=False),
     "monitor_queue_size": lambda v: _as_int("monitor_queue_size", v, 1),
+    "monitor_queue_bytes": lambda v: _as_int("monitor_queue_bytes", v, 1),
     "consume_batch": lambda v: _as_int("consume_batch", v, 1, 1_000_000),
     "max_range": lambda v: _as_int("max_range", v, 1, 1_000_000),
     "log_format": lambda v: _as_choice("log_format", v, LOG_FORMATS),

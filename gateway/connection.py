@@ -24,7 +24,7 @@ from gateway import errors
 from gateway.commands import dispatch
 from gateway.context import ServerContext
 from gateway.flow import FlowControl
-from gateway.idle import IdleTimer
+from gateway.idle import IdleTimer, PartialCommandTimer
 from gateway.resp import (
     NULL_ARRAY,
     Encoded,
@@ -43,6 +43,13 @@ log = structlog.get_logger("rafka.gateway.server")
 
 # How long a closed connection may take to send what is still buffered.
 CLOSE_GRACE = 2.0
+
+# Replies are written once this many bytes of them are ready, and running the commands of
+# one read stops there: it goes on in a later loop iteration (so that other connections
+# are served in between), or once the client reads if it does not. However many commands
+# one read holds, a client that does not read makes us hold at most this much more than
+# the transport's high-water mark (plus one reply).
+WRITE_BATCH = 256 * 1024
 
 # Reply types that are never awaitable: checked before the (slow) inspect.isawaitable.
 _IMMEDIATE: frozenset[type] = frozenset(
@@ -111,6 +118,9 @@ class Connection(asyncio.Protocol):
         self._ended = False  # no command runs any more; teardown started
         self._closing = False  # close_soon(): close after the command in progress
         self._idle = IdleTimer(self._loop, self._config.idle_timeout, self._busy, self._end)
+        self._partial = PartialCommandTimer(
+            self._loop, self._config.partial_command_timeout, self._parse_held, self._too_slow
+        )
         # Per-command latency (gateway.latency), only with the metrics endpoint on.
         self._latency = host.ctx.latency
         self._waiting_since = 0.0  # perf_counter() when the waiting command started
@@ -119,6 +129,25 @@ class Connection(asyncio.Protocol):
     def waiting(self) -> bool:
         """True while a command that waits (BLPOP, DUMP, KEYS) is in progress."""
         return self._command is not None
+
+    @property
+    def unsent(self) -> int:
+        """Bytes of replies written but not yet taken by the client's socket."""
+        transport = self._transport
+        return (
+            0 if transport is None or transport.is_closing() else transport.get_write_buffer_size()
+        )
+
+    @property
+    def unparsed(self) -> int:
+        """Bytes the parser holds for an unfinished command."""
+        return self._parser.buffered
+
+    @property
+    def reading_paused(self) -> bool:
+        """True while we do not read this client (it does not read our replies, or it
+        sent more than the query-buffer limit behind a waiting command)."""
+        return self._flow.reading_paused
 
     # --- protocol callbacks ------------------------------------------------------------
 
@@ -200,6 +229,8 @@ class Connection(asyncio.Protocol):
         # parsing included): one clock read per command (gateway.latency).
         started = perf_counter() if latency is not None else 0.0
         out: list[bytes] = []
+        counted = size = 0  # bytes of out[:counted]
+        completed = False
         if first is not _NO_REPLY:
             encode_into(first, session.protocol, out)
         try:
@@ -214,6 +245,7 @@ class Connection(asyncio.Protocol):
                     return
                 if command is None:
                     break
+                completed = True
                 reply = self._execute(command)
                 if type(reply) is types.CoroutineType:
                     # Answer what came before, then wait without blocking the others.
@@ -227,6 +259,16 @@ class Connection(asyncio.Protocol):
                     now = perf_counter()
                     latency.observe(command[0] if command else b"", now - started)
                     started = now
+                size += sum(map(len, out[counted:]))
+                counted = len(out)
+                if size >= WRITE_BATCH:
+                    transport.write(b"".join(out))
+                    out.clear()
+                    counted = size = 0
+                    if not self._flow.write_paused:
+                        # Let the other connections in before running the rest.
+                        self._loop.call_soon(self._resume)
+                    break  # else the rest runs once the client reads (resume_writing)
             if out:
                 transport.write(b"".join(out))
         except Exception:
@@ -235,6 +277,13 @@ class Connection(asyncio.Protocol):
             return
         if session.quit or self._closing:
             self._end()
+            return
+        self._partial.parsed(parser.pending, completed)
+
+    def _resume(self) -> None:
+        """Run the commands left in the parser when a batch of replies was written."""
+        if not self._ended and self._command is None and not self._flow.write_paused:
+            self._run()
 
     def _execute(self, command: list[bytes]) -> Reply | Waiting:
         """The command's reply, or a coroutine that answers it (a waiting command)."""
@@ -293,6 +342,24 @@ class Connection(asyncio.Protocol):
             return
         self._run(reply)
 
+    def _parse_held(self) -> bool:
+        """The bytes received are not being parsed through no fault of the client's."""
+        return self._command is not None or self._flow.write_paused
+
+    def _too_slow(self) -> None:
+        assert self.session is not None
+        seconds = self._config.partial_command_timeout
+        log.info(
+            "closing a connection whose command did not arrive in time",
+            client=self.session.id,
+            seconds=seconds,
+            buffered=self._parser.buffered,
+        )
+        if self._transport is not None:
+            error = errors.partial_command_timeout(seconds)
+            self._transport.write(encode(ErrorReply(error.text), self.session.protocol))
+        self._end()
+
     def _busy(self) -> bool:
         """Not idle, however long the client is silent: a command waits, the client does
         not read our replies, or it is a monitor (as in Redis)."""
@@ -329,6 +396,7 @@ class Connection(asyncio.Protocol):
         self._ended = True
         self._flow.stop()
         self._idle.cancel()
+        self._partial.cancel()
         self._teardown_task = self._loop.create_task(self._teardown())
         self._teardown_task.add_done_callback(self._finished)
 

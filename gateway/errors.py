@@ -298,6 +298,13 @@ def max_clients_reached() -> RespError:
     return err("max number of clients reached")
 
 
+def partial_command_timeout(seconds: float) -> RespError:
+    return err(
+        f"command not received in full within {seconds:g} seconds "
+        "(gateway.partial_command_timeout), closing the connection"
+    )
+
+
 def internal_error() -> RespError:
     return err("internal error, see the server log")
 

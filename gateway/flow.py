@@ -27,6 +27,10 @@ class FlowControl:
         self._drain_waiters: list[asyncio.Future[None]] = []
         self._stopped = False
 
+    @property
+    def reading_paused(self) -> bool:
+        return self._reading_paused
+
     # --- the transport's write buffer (asyncio.Protocol's pause/resume_writing) -----------
 
     def pause_writing(self) -> None:

@@ -52,3 +52,60 @@ class IdleTimer:
         self._handle = self._loop.call_later(
             self._timeout - (now - self._last_activity), self._check
         )
+
+
+class PartialCommandTimer:
+    """Close a connection whose command takes more than `timeout` seconds to arrive in
+    full: a client that trickles a byte now and then is never silent, so the idle
+    timeout alone would keep its unfinished command (and its buffer) for ever.
+
+    The connection reports after each parse whether a command is unfinished and whether
+    one completed (then the unfinished one is new). One timer, armed while a command is
+    unfinished; time spent `busy()` (a command waits, the client does not read our
+    replies: the bytes behind are not being parsed) does not count.
+    """
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        timeout: float,
+        busy: Callable[[], bool],
+        expire: Callable[[], None],
+    ) -> None:
+        """`timeout` 0 never expires."""
+        self._loop = loop
+        self._timeout = timeout
+        self._busy = busy
+        self._expire = expire
+        self._handle: asyncio.TimerHandle | None = None
+        self._since: float | None = None  # when the unfinished command started
+
+    def parsed(self, unfinished: bool, completed: bool) -> None:
+        """After a parse: is a command unfinished, and did one complete meanwhile?"""
+        if not self._timeout:
+            return
+        if not unfinished:
+            self._since = None
+            return
+        if completed or self._since is None:
+            self._since = self._loop.time()
+        if self._handle is None:
+            self._handle = self._loop.call_later(self._timeout, self._check)
+
+    def cancel(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _check(self) -> None:
+        self._handle = None
+        since = self._since
+        if since is None:
+            return
+        now = self._loop.time()
+        if self._busy():
+            self._since = since = now
+        elif now - since >= self._timeout:
+            self._expire()
+            return
+        self._handle = self._loop.call_later(self._timeout - (now - since), self._check)

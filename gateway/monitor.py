@@ -3,7 +3,10 @@
 Line format (Rafka's): `+<unix seconds, 6 decimals> [0 <client id>] "<arg0>" "<arg1>"...\\r\\n`.
 Arguments are quoted without escaping, as Rafka does; only CR and LF are escaped (as
 `\\r`, `\\n`) so that a value cannot break the monitor's RESP framing. Each monitor has a
-bounded queue; when it is full new lines are dropped and the drop is logged once per burst.
+queue bounded in lines and in bytes; when it is full new lines are dropped and the drop is
+logged once per burst. The writer hands one batch at a time to the connection and waits
+for the client to read it, so a monitor that never reads holds at most its queue plus one
+batch.
 """
 
 from __future__ import annotations
@@ -62,10 +65,12 @@ class Writer(Protocol):
 class Monitor:
     """One monitoring connection: a bounded queue and the task that writes it out."""
 
-    def __init__(self, label: str, writer: Writer, queue_size: int) -> None:
+    def __init__(self, label: str, writer: Writer, queue_size: int, queue_bytes: int) -> None:
         self.label = label
         self._writer = writer
         self._queue: asyncio.Queue[bytes] = asyncio.Queue(maxsize=queue_size)
+        self._max_bytes = queue_bytes
+        self.queued_bytes = 0  # bytes of the lines in the queue
         self._dropped = 0
         self._task: asyncio.Task[None] | None = None
 
@@ -74,7 +79,10 @@ class Monitor:
 
     def offer(self, line: bytes) -> None:
         try:
+            if self.queued_bytes + len(line) > self._max_bytes:
+                raise asyncio.QueueFull
             self._queue.put_nowait(line)
+            self.queued_bytes += len(line)
         except asyncio.QueueFull:
             if self._dropped == 0:
                 log.warning("monitor queue full, dropping lines", monitor=self.label)
@@ -86,7 +94,9 @@ class Monitor:
                 lines = [await self._queue.get()]
                 while not self._queue.empty():
                     lines.append(self._queue.get_nowait())
-                self._writer.write(b"".join(lines))
+                batch = b"".join(lines)
+                self.queued_bytes = 0  # the queue is empty: the batch is the writer's now
+                self._writer.write(batch)
                 await self._writer.drain()
                 if self._dropped:
                     log.warning("monitor lines dropped", monitor=self.label, count=self._dropped)

@@ -48,6 +48,10 @@ def monitor(session: Session, args: list[bytes]) -> Reply:
     if len(args) > 1:
         raise errors.monitor_arguments()
     if not session.monitoring and session.writer is not None:
-        queue_size = session.ctx.config.monitor_queue_size
-        session.start_monitor(Monitor(session.id, session.writer, queue_size))
+        config = session.ctx.config
+        session.start_monitor(
+            Monitor(
+                session.id, session.writer, config.monitor_queue_size, config.monitor_queue_bytes
+            )
+        )
     return SimpleString("OK")

@@ -15,7 +15,7 @@ EXPECT_TYPECHAR: Final = "Expect TypeChar"
 TOO_MANY_ARG: Final = "TooManyArg"
 INVALID_BULK_SIZE: Final = "Invalid bulk size"
 LINE_TOO_LONG: Final = "LineTooLong"
-UNBALANCED_QUOTES: Final = "Protocol error: unbalanced quotes in request"
+UNBALANCED_QUOTES: Final = "ERR Protocol error: unbalanced quotes in request"
 
 
 class ProtocolError(Exception):

@@ -26,8 +26,9 @@ sent by the server as ``-<text>\\r\\n`` before it closes the connection:
 ``LineTooLong``
     an inline line (counting a trailing ``\\r``, not the ``\\n``) longer than
     ``max_inline_length``.
-``Protocol error: unbalanced quotes in request``
-    Redis's text for an inline line that its quoting rules reject.
+``ERR Protocol error: unbalanced quotes in request``
+    Redis's text (with its ``ERR`` prefix, byte for byte) for an inline line that its
+    quoting rules reject.
 
 Where we deliberately differ from go-redisproto:
 
@@ -55,9 +56,11 @@ Where we deliberately differ from go-redisproto:
   ``*01\\r\\n$+1\\r\\na\\r\\n`` is ``[b"a"]``.
 
 Bounded buffering: one unfinished command never makes the parser hold more than
-``max_query_buffer`` bytes plus the last read. Sizes are checked when a header line is
-complete, before any of the data it announces is awaited, and header lines themselves
-are at most 23 bytes.
+``max(max_query_buffer, max_inline_length)`` bytes, plus one unfinished header line, plus
+the last read. Sizes are checked when a header line is complete, before any of the data
+it announces is awaited, and header lines themselves are at most 23 bytes (so the
+bytes of a command that fit the limit can be followed by the start of a header that
+will take it past the limit, judged once that header is complete).
 
 Two implementations give identical results for identical byte streams, however they are
 split into reads: ``PythonRequestParser`` (pure Python) and ``HiredisRequestParser``,
@@ -65,7 +68,9 @@ which lets ``hiredis.Reader`` parse runs of complete multibulk commands and acce
 command only when its canonical encoding matches the input bytes exactly and it is within
 the limits. Everything else (inline lines, unfinished commands, anything hiredis rejects
 or parses differently) goes through the same Python state machine, so the two cannot
-disagree. hiredis only ever sees the bytes already received.
+disagree. hiredis only ever sees the bytes already received, and never an aggregate
+header (``*``, ``%``, ``~``, ``>``, ``|``) whose count is above ``max_arguments``: it
+allocates the list as soon as it reads the header.
 """
 
 from __future__ import annotations
@@ -124,6 +129,19 @@ class RequestParser(ABC):
     @abstractmethod
     def get_command(self) -> list[bytes] | None:
         """The next complete command, or None when more data is needed."""
+
+    @property
+    @abstractmethod
+    def buffered(self) -> int:
+        """Bytes received for the unfinished command (headers and data so far, not the
+        complete commands waiting in the parser). Once ``get_command`` has returned None,
+        at most ``max(max_query_buffer, max_inline_length)`` + 23 (one header line) plus
+        the last read."""
+
+    @property
+    @abstractmethod
+    def pending(self) -> bool:
+        """True while part of a command has arrived but not all of it."""
 
 
 class FastPath(ABC):
@@ -226,6 +244,14 @@ class PythonRequestParser(RequestParser):
         self._chunked += len(data)
         if self._need_newline and not self._newline_arrived and b"\n" in data:
             self._newline_arrived = True
+
+    @property
+    def buffered(self) -> int:
+        return self._cmd_bytes + len(self._buf) - self._pos + self._chunked
+
+    @property
+    def pending(self) -> bool:
+        return self._args is not None or self._pos < len(self._buf) or self._chunked > 0
 
     def get_command(self) -> list[bytes] | None:
         if self._ready:
@@ -351,6 +377,8 @@ class PythonRequestParser(RequestParser):
             self._buf = b""  # nothing more will be parsed: release the memory
             self._pos = 0
             self._chunks.clear()
+            self._chunked = 0
+            self._cmd_bytes = 0
             return
         # Keep only the unparsed tail: arguments already read were copied out of buf.
         self._buf = buf[pos:] if pos < end else b""

@@ -84,6 +84,8 @@ def test_gateway_section_and_flags(tmp_path: Path) -> None:
                 "log_format": "json",
                 "max_arguments": 20,
                 "consume_batch": 10,
+                "partial_command_timeout": 0,
+                "monitor_queue_bytes": 4096,
             }
         },
     )
@@ -91,6 +93,7 @@ def test_gateway_section_and_flags(tmp_path: Path) -> None:
     assert (config.host, config.port, config.password) == ("127.0.0.2", 7000, "pw")
     assert (config.max_clients, config.idle_timeout, config.blpop_default_timeout) == (3, 1.5, 2)
     assert (config.log_format, config.max_arguments, config.consume_batch) == ("json", 20, 10)
+    assert (config.partial_command_timeout, config.monitor_queue_bytes) == (0, 4096)
     # Flags win over the file.
     flagged = from_args(["-c", path, "--host", "::1", "-p", "7001"])
     assert (flagged.host, flagged.port) == ("::1", 7001)
@@ -99,6 +102,7 @@ def test_gateway_section_and_flags(tmp_path: Path) -> None:
     assert (defaults.host, defaults.port, defaults.engine) == ("0.0.0.0", 6380, "dafka")
     assert (defaults.blpop_default_timeout, defaults.producer_close_timeout) == (5.0, 5.0)
     assert defaults.consume_batch == 500
+    assert (defaults.partial_command_timeout, defaults.monitor_queue_bytes) == (300, 16 * 2**20)
 
 
 @pytest.mark.parametrize(
@@ -113,6 +117,11 @@ def test_gateway_section_and_flags(tmp_path: Path) -> None:
         ({"gateway": {"port": 70000}}, "gateway.port must be >= 0 and <= 65535"),
         ({"gateway": {"idle_timeout": -1}}, "gateway.idle_timeout must be a finite number >= 0"),
         ({"gateway": {"shutdown_timeout": 0}}, "gateway.shutdown_timeout must be a finite"),
+        (
+            {"gateway": {"partial_command_timeout": -1}},
+            "gateway.partial_command_timeout must be a finite number >= 0",
+        ),
+        ({"gateway": {"monitor_queue_bytes": 0}}, "gateway.monitor_queue_bytes must be >= 1"),
         ({"gateway": {"log_format": "xml"}}, "gateway.log_format must be one of console, json"),
         ({"gateway": {"colour": 1}}, "unknown setting gateway.colour"),
         ({"gateway": {"consume_batch": 0}}, "gateway.consume_batch must be >= 1"),

@@ -18,9 +18,11 @@ from tests.support.tansu import free_port
 
 
 class RedisServer:
-    def __init__(self, startup_timeout: float = 10.0) -> None:
+    def __init__(self, startup_timeout: float = 10.0, *options: str) -> None:
+        """`options`: more redis-server flags (e.g. "--maxclients", "2")."""
         self.port = free_port()
         self._startup_timeout = startup_timeout
+        self._options = options
         self._process: subprocess.Popen[bytes] | None = None
         self._directory: tempfile.TemporaryDirectory[str] | None = None
 
@@ -46,6 +48,7 @@ class RedisServer:
                 "no",
                 "--dir",
                 self._directory.name,
+                *self._options,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

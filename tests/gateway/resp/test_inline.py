@@ -54,7 +54,7 @@ def test_inline_nul_is_an_ordinary_byte(make: MakeParser) -> None:
     [b'SET "abc\r\n', b"SET 'abc\n", b'SET "a"b\r\n', b"SET 'a'b\r\n", b'SET "abc\\"\r\n'],
 )
 def test_inline_unbalanced_quotes(make: MakeParser, line: bytes) -> None:
-    assert error_of(make, line) == "Protocol error: unbalanced quotes in request"
+    assert error_of(make, line) == "ERR Protocol error: unbalanced quotes in request"
 
 
 def test_inline_line_length_limit(make: MakeParser) -> None:
