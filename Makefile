@@ -49,7 +49,7 @@ lint: venv
 
 typecheck: venv
 	$(BIN)/mypy
-	$(BIN)/mypy tests e2e bench
+	$(BIN)/mypy tests e2e bench clients/spark/flights_pipeline.py
 
 # docker-compose.yml against the Compose schema, with each profile (no Docker engine needed);
 # e2e/test_compose.py runs its services as local processes.
