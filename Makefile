@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
 .PHONY: run test test-fast venv system-packages lint typecheck compose-check pytest bench \
-	bench-dafka clean
+	bench-dafka bench-spark pipeline clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -57,6 +57,7 @@ compose-check: system-packages
 	docker-compose -f docker-compose.yml config -q
 	docker-compose -f docker-compose.yml --profile dafka config -q
 	docker-compose -f docker-compose.yml --profile kafka config -q
+	docker-compose -f docker-compose.yml --profile spark config -q
 
 pytest: venv system-packages
 	$(BIN)/pytest $(PYTEST_ARGS)
@@ -75,6 +76,17 @@ bench: venv system-packages
 # The Dafka programs (tower, store, perf tools) as processes on loopback: throughput, latency.
 bench-dafka: venv
 	$(BIN)/python bench/dafka.py
+
+# The NYC flights through the Spark sink and the `rafka` source, checked against a batch job
+# (clients/spark/README.md). Starts and stops its own gateway on $(ENGINE);
+# PIPELINE_ARGS="--limit 20000" for a part, "--url redis://host:port" for a running gateway.
+PIPELINE_ARGS ?=
+pipeline: venv
+	$(BIN)/python clients/spark/flights_pipeline.py --engine $(ENGINE) $(PIPELINE_ARGS)
+
+# Rows/s through the Spark sink and source next to direct clients (never fails).
+bench-spark: venv
+	$(BIN)/python bench/spark.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
