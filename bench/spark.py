@@ -33,14 +33,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "clients" / "spark"))
 
 from confluent_kafka import Consumer, Producer, TopicPartition
+from flights_pipeline import COLUMNS, spark_session, split_flights
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from rafka_client import Producer as RafkaProducer
 from rafka_client import Reader
+from rafka_spark import RafkaSink, register, to_records
 
 from e2e.helpers import dafka_document
-from flights_pipeline import COLUMNS, split_flights, spark_session
-from rafka_spark import RafkaSink, register, to_records
 from tests.support.rafka_process import RafkaProcess, write_config
 from tests.support.tansu import TansuBroker
 

@@ -31,6 +31,12 @@ from tests.support.rafka_process import RafkaProcess
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(300)
+QUERY_WAIT = 120  # seconds a query (availableNow) gets to end
+
+
+def finish(query: StreamingQuery) -> None:
+    """Wait for an availableNow query to end; raises its failure (StreamingQueryException)."""
+    assert query.awaitTermination(QUERY_WAIT), f"the query still runs after {QUERY_WAIT}s"
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +123,9 @@ def test_sink_is_at_least_once_when_the_gateway_is_killed_mid_batch(
     spark: SparkSession, rafka: RafkaProcess, deployment: Deployment, tmp_path: Path
 ) -> None:
     topic = deployment.new_topic(2)
-    rows = [f"row-{n}" for n in range(2000)]
+    # 400-byte rows: Spark's Python workers exchange rows through 64 KiB buffers, flushed
+    # when full; the first half of a partition must fill a few to reach the sink.
+    rows = [f"row-{n}-" + "x" * 400 for n in range(2000)]
     source = lines_dir(tmp_path / "in", rows)
     gate = tmp_path / "hold"
     gate.touch()  # the first run of batch 0 stops halfway through each partition
@@ -144,7 +152,7 @@ def test_sink_is_at_least_once_when_the_gateway_is_killed_mid_batch(
     # Records of the first halves arrive; then the gateway dies under the batch.
     wait_until(
         lambda: sum(_heads(rafka, topic, 2)) > 0,
-        WAIT,
+        QUERY_WAIT,
         "no record of batch 0 reached the gateway",
     )
     assert rafka.child is not None
@@ -152,7 +160,7 @@ def test_sink_is_at_least_once_when_the_gateway_is_killed_mid_batch(
     rafka.child.wait(WAIT)
     (tmp_path / "hold.open").touch()
     with pytest.raises(PySparkException) as failed:
-        query.awaitTermination(WAIT * 3)
+        finish(query)
     assert "connection" in str(failed.value).lower(), str(failed.value)[-2000:]
 
     # The gateway comes back; the query restarts from its checkpoint and runs batch 0 again.
@@ -161,8 +169,7 @@ def test_sink_is_at_least_once_when_the_gateway_is_killed_mid_batch(
     again.start()
     try:
         query = start()
-        query.awaitTermination(WAIT * 3)
-        assert query.exception() is None
+        finish(query)
         assert runs == [0, 0], f"batch runs: {runs}"
         got = Counter(r.value.decode() for r in everything(again, topic, 2) if r.value)
     finally:
@@ -204,8 +211,7 @@ def test_source_restarts_from_its_checkpoint_with_nothing_lost_or_read_twice(
     produce(rafka, topic, first)
     options = {"startingOffsets": "earliest", "maxOffsetsPerTrigger": "40"}
     query = stream_to_parquet(spark, rafka, topic, tmp_path, **options)
-    query.awaitTermination(WAIT * 3)
-    assert query.exception() is None
+    finish(query)
     batches = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
     assert max(batches) <= 40 and sum(batches) == 150, batches
 
@@ -214,8 +220,7 @@ def test_source_restarts_from_its_checkpoint_with_nothing_lost_or_read_twice(
     second = [f"b{n}" for n in range(90)]
     produce(rafka, topic, second)
     query = stream_to_parquet(spark, rafka, topic, tmp_path, **options)
-    query.awaitTermination(WAIT * 3)
-    assert query.exception() is None
+    finish(query)
 
     read = spark.read.parquet(str(tmp_path / "out")).collect()
     values = Counter(row["value"].decode() for row in read)
@@ -238,8 +243,10 @@ def test_batch_read_between_starting_and_ending_offsets(
     assert count0 > 12, "the test needs a dozen records on partition 0"
 
     def load(**options: str) -> list[Any]:
-        reader = spark.read.format("rafka").option("url", url(rafka)).option("subscribe", topic)
-        for name, value in options.items():
+        reader = spark.read.format("rafka").option("url", url(rafka))
+        for name, value in (
+            {"subscribe": topic} | options if "assign" not in options else options
+        ).items():
             reader = reader.option(name, value)
         return reader.load().collect()
 
@@ -294,8 +301,7 @@ def test_writers_deliver_every_row_of_a_batch_and_a_stream(
         .trigger(availableNow=True)
         .start()
     )
-    query.awaitTermination(WAIT * 3)
-    assert query.exception() is None
+    finish(query)
     records = everything(rafka, topic, 2)
     values = Counter(r.value.decode() for r in records if r.value)
     assert set(values) == set(batch + streamed)

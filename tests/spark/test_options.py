@@ -4,7 +4,6 @@ Spark: what a user gets for each option, and the clear error for a wrong one."""
 from __future__ import annotations
 
 import pytest
-
 from rafka_spark.offsets import LATEST, OptionError, SourceOptions, limit_offsets
 
 
