@@ -141,13 +141,17 @@ def partitions_of(reader: Reader, topic: str) -> list[int]:
     """The partitions of `topic`: 0, 1, ... while LLEN knows them (the gateway answers
     `unknown topic or partition` past the last one). A topic that does not exist yet has
     none."""
-    found: list[int] = []
+    return list(_probe(reader, topic))
+
+
+def _probe(reader: Reader, topic: str) -> dict[int, int]:
+    """Partitions 0, 1, ... of `topic` with their next offsets, until one is unknown."""
+    found: dict[int, int] = {}
     while len(found) < MAX_PARTITIONS:
         try:
-            reader.next_offset(topic, len(found))
+            found[len(found)] = reader.next_offset(topic, len(found))
         except UnknownPartition:
             break
-        found.append(len(found))
     return found
 
 
@@ -163,16 +167,16 @@ def first_held(reader: Reader, topic: str, partition: int) -> int:
 
 
 def next_offsets(reader: Reader, options: SourceOptions) -> dict[tuple[str, int], int]:
-    """Every partition of the options' topics with its next offset (LLEN), now."""
+    """Every partition of the options' topics with its next offset (LLEN), now. An
+    assigned partition that does not exist raises UnknownPartition."""
     heads: dict[tuple[str, int], int] = {}
     for topic in options.topics:
-        parts = options.assign[topic] if options.assign else partitions_of(reader, topic)
-        for partition in parts:
-            try:
+        if options.assign:
+            for partition in options.assign[topic]:
                 heads[(topic, partition)] = reader.next_offset(topic, partition)
-            except UnknownPartition:
-                if options.assign:
-                    raise
+        else:
+            for partition, head in _probe(reader, topic).items():
+                heads[(topic, partition)] = head
     return heads
 
 
