@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
 .PHONY: run test test-fast venv system-packages lint typecheck compose-check pytest bench \
-	bench-dafka bench-spark pipeline clean
+	bench-dafka bench-tls bench-spark pipeline clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -87,6 +87,10 @@ pipeline: venv
 # Rows/s through the Spark sink and source next to direct clients (never fails).
 bench-spark: venv
 	$(BIN)/python bench/spark.py $(BENCH_ARGS)
+
+# TLS vs plaintext on one gateway (embedded Dafka), with redis-benchmark (about 2 min).
+bench-tls: venv system-packages
+	$(BIN)/python bench/tls.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

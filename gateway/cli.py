@@ -11,7 +11,7 @@ import structlog
 from backends.base import EngineError
 from gateway import __version__, logs
 from gateway.config import Config, ConfigError, from_args
-from gateway.resp_server import start_server
+from gateway.runner import serve_until_signal, start_server
 
 log = structlog.get_logger("rafka")
 
@@ -20,12 +20,15 @@ async def serve(config: Config) -> None:
     server = await start_server(config)
     # One plain line for the person who started it (the log lines are for machines).
     where = server.ctx.engine.where()
+    ports = [f"{server.host}:{server.port}"] if server.port is not None else []
+    if server.tls_port is not None:
+        ports.append(f"{server.host}:{server.tls_port} (TLS)")
     print(
-        f"rafka {__version__} listening on {server.host}:{server.port}, {config.engine} "
+        f"rafka {__version__} listening on {' and '.join(ports)}, {config.engine} "
         f"engine" + (f": {where}" if where else "") + "; SIGTERM or Ctrl-C stops it",
         flush=True,
     )
-    await server.serve_until_signal()
+    await serve_until_signal(server)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -41,12 +44,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     log.info("starting", version=__version__, config=config.redacted())
     try:
         asyncio.run(serve(config))
+    except ConfigError as error:  # e.g. a TLS file that is missing or holds no key
+        log.error("bad configuration", error=str(error))
+        print(f"rafka: {error}", file=sys.stderr)
+        return 1
     except EngineError as error:  # e.g. a locked data directory, no tower answering
         log.error("cannot start the engine", engine=config.engine, error=str(error))
         print(f"rafka: cannot start the {config.engine} engine: {error}", file=sys.stderr)
         return 1
     except OSError as error:  # e.g. the port is taken
-        log.error("cannot listen", host=config.host, port=config.port, error=str(error))
+        log.error(
+            "cannot listen",
+            host=config.host,
+            port=config.port,
+            tls_port=config.tls_port,
+            error=str(error),
+        )
         return 1
     return 0
 

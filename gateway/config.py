@@ -20,7 +20,7 @@ import argparse
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,9 @@ from gateway import __version__
 
 LOG_FORMATS = ("console", "json")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+# tls-auth-clients, as in redis.conf: client certificates required, checked when given, or
+# not asked for.
+TLS_AUTH_CLIENTS = ("yes", "optional", "no")
 
 
 class ConfigError(Exception):
@@ -42,10 +45,23 @@ class Config:
     """Everything the server needs, fixed at start."""
 
     host: str = "0.0.0.0"
-    port: int = 6380
+    # The plaintext port; None: no plaintext listener (the default once tls_port is set,
+    # unless `port` is given).
+    port: int | None = 6380
+    # The TLS port (redis.conf's tls-port); None: no TLS listener. 0: any free port.
+    tls_port: int | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    tls_ca_cert_file: str | None = None
+    tls_auth_clients: str = "yes"
     engine: str = DEFAULT_ENGINE
-    # When set, clients must AUTH (or HELLO ... AUTH) before any other command.
+    # The default user's password (`AUTH pass`, requirepass). When it or `users` is set,
+    # clients must AUTH (or HELLO ... AUTH) before any other command.
     password: str | None = None
+    # More users: name -> password (`AUTH user pass`).
+    users: Mapping[str, str] = field(default_factory=dict)
+    # Seconds a connection waits before a failed AUTH is answered (others are served).
+    auth_failure_delay: float = 0.5
     max_clients: int = 10_000
     # Seconds a connection may stay silent before it is closed; 0 = never.
     idle_timeout: float = 0.0
@@ -84,6 +100,11 @@ class Config:
             object.__setattr__(self, "engine_settings", _engine_settings(self.engine, {}))
         else:
             _engine_name(self.engine)
+        _check_listeners(self)
+
+    @property
+    def auth_required(self) -> bool:
+        return self.password is not None or bool(self.users)
 
     def engine_options(self) -> EngineOptions:
         """The settings of the `gateway` section that the engine needs too."""
@@ -103,9 +124,31 @@ class Config:
                 out[item.name] = engine_entry(self.engine).describe(value)
             elif item.name == "password" and value is not None:
                 out[item.name] = REDACTED
+            elif item.name == "users":
+                out[item.name] = {user: REDACTED for user in value}
             else:
                 out[item.name] = value
         return out
+
+
+def _check_listeners(config: Config) -> None:
+    """A port at least, for TLS its files (their contents are checked when the server
+    starts: gateway.tls), and one password per user."""
+    if config.port is None and config.tls_port is None:
+        raise ConfigError("nothing to listen on: set gateway.port or gateway.tls-port")
+    if config.password is not None and "default" in config.users:
+        raise ConfigError("gateway.password and gateway.users.default both set a password")
+    if config.tls_port is None:
+        return
+    for key in ("tls_cert_file", "tls_key_file"):
+        if not getattr(config, key):
+            raise ConfigError(f"gateway.tls-port is set but gateway.{_redis_name(key)} is not")
+    if config.tls_auth_clients != "no" and not config.tls_ca_cert_file:
+        raise ConfigError(
+            f"gateway.tls-auth-clients is {config.tls_auth_clients!r} but "
+            "gateway.tls-ca-cert-file is not set: give the CA that signs client "
+            "certificates, or set tls-auth-clients to no"
+        )
 
 
 # --- gateway section ---------------------------------------------------------------------
@@ -146,6 +189,20 @@ def _as_text(key: str, value: object) -> str:
     return value
 
 
+def _as_users(value: object) -> dict[str, str]:
+    if not isinstance(value, dict):
+        raise ConfigError("gateway.users must be an object of user name -> password")
+    users: dict[str, str] = {}
+    for name, password in value.items():
+        if not name or any(c.isspace() for c in name):
+            raise ConfigError(f"gateway.users: bad user name {name!r}")
+        if not isinstance(password, str) or isinstance(password, JsonNumber):
+            # The value is a secret: never repeat it.
+            raise ConfigError(f"gateway.users.{name} must be a string (the password)")
+        users[name] = password
+    return users
+
+
 def _engine_name(value: object) -> str:
     return _as_choice("engine", value, tuple(ENGINES))
 
@@ -161,7 +218,14 @@ _GATEWAY_KEYS: dict[str, Any] = {
     "engine": _engine_name,
     "host": lambda v: _as_text("host", v),
     "port": lambda v: _as_int("port", v, 0, 65535),
+    "tls_port": lambda v: _as_int("tls-port", v, 0, 65535),
+    "tls_cert_file": lambda v: _as_text("tls-cert-file", v),
+    "tls_key_file": lambda v: _as_text("tls-key-file", v),
+    "tls_ca_cert_file": lambda v: _as_text("tls-ca-cert-file", v),
+    "tls_auth_clients": lambda v: _as_choice("tls-auth-clients", v, TLS_AUTH_CLIENTS),
     "password": lambda v: _as_text("password", v),
+    "users": _as_users,
+    "auth_failure_delay": lambda v: _as_seconds("auth_failure_delay", v, allow_zero=True),
     "max_clients": lambda v: _as_int("max_clients", v, 1),
     "idle_timeout": lambda v: _as_seconds("idle_timeout", v, allow_zero=True),
     "max_arguments": lambda v: _as_int("max_arguments", v, 1),
@@ -181,14 +245,27 @@ _GATEWAY_KEYS: dict[str, Any] = {
 }
 
 
+# The TLS settings are named as in redis.conf (`tls-port`); `tls_port` is accepted too.
+_TLS_KEYS = [key for key in _GATEWAY_KEYS if key.startswith("tls_")]
+
+
+def _redis_name(key: str) -> str:
+    return key.replace("_", "-") if key in _TLS_KEYS else key
+
+
 def _gateway_settings(section: Mapping[str, object]) -> dict[str, Any]:
     settings: dict[str, Any] = {}
-    for key, value in section.items():
+    for spelled, value in section.items():
+        key = spelled.replace("-", "_") if spelled.startswith("tls-") else spelled
         convert = _GATEWAY_KEYS.get(key)
         if convert is None:
-            known = ", ".join(sorted(_GATEWAY_KEYS))
-            raise ConfigError(f"unknown setting gateway.{key} (known: {known})")
+            known = ", ".join(sorted(_redis_name(name) for name in _GATEWAY_KEYS))
+            raise ConfigError(f"unknown setting gateway.{spelled} (known: {known})")
+        if key in settings:
+            raise ConfigError(f"gateway.{_redis_name(key)} is given twice (- and _ spellings)")
         settings[key] = convert(value)
+    if "tls_port" in settings and "port" not in settings:
+        settings["port"] = None  # TLS only, unless a plaintext port is asked for
     return settings
 
 
@@ -261,6 +338,19 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument("--host", help="listen address (default: 0.0.0.0)")
     parser.add_argument("-p", "--port", type=int, help="listen port (default: 6380)")
     parser.add_argument("--engine", choices=sorted(ENGINES), help="the log engine")
+    parser.add_argument(
+        "--tls-port",
+        type=int,
+        help="TLS listen port; the plaintext port is then off unless -p/--port is given",
+    )
+    parser.add_argument("--tls-cert-file", help="the server's certificate (PEM)")
+    parser.add_argument("--tls-key-file", help="the server's private key (PEM, unencrypted)")
+    parser.add_argument("--tls-ca-cert-file", help="CA certificates that sign client certificates")
+    parser.add_argument(
+        "--tls-auth-clients",
+        choices=TLS_AUTH_CLIENTS,
+        help="client certificates: required (yes, the default), checked if given, or not asked",
+    )
     parser.add_argument("--data-dir", help="where the embedded engine keeps its data")
     parser.add_argument("-v", "--version", action="version", version=f"rafka version {__version__}")
     parser.add_argument("--log-json", action="store_true", help="log JSON lines")
@@ -287,10 +377,14 @@ def from_args(argv: Sequence[str]) -> Config:
     gateway = document.setdefault("gateway", {})
     if not isinstance(gateway, dict):
         raise ConfigError("section 'gateway' must be a JSON object")
-    if args.port is not None and not 0 <= args.port <= 65535:
-        raise ConfigError(f"--port must be between 0 and 65535, got {args.port}")
-    for key in ("host", "port", "engine", "data_dir"):
+    for key in ("port", "tls_port"):
+        value = getattr(args, key)
+        if value is not None and not 0 <= value <= 65535:
+            option = "--" + key.replace("_", "-")
+            raise ConfigError(f"{option} must be between 0 and 65535, got {value}")
+    for key in ("host", "port", "engine", "data_dir", *_TLS_KEYS):
         if getattr(args, key) is not None:
+            gateway.pop(_redis_name(key), None)  # the flag wins over either spelling
             gateway[key] = getattr(args, key)
     if args.log_json:
         gateway["log_format"] = "json"

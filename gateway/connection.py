@@ -96,6 +96,7 @@ class Connection(asyncio.Protocol):
         self._parser = make_parser(host.limits)
         self._transport: asyncio.Transport | None = None
         self._flow: FlowControl  # from connection_made on
+        self._tls = False  # a TLS connection (set in connection_made)
         self.session: Session | None = None
         # Resolved once the connection is torn down and forgotten by the server.
         self.closed: asyncio.Future[None] = self._loop.create_future()
@@ -117,6 +118,7 @@ class Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport = cast(asyncio.Transport, transport)
+        self._tls = transport.get_extra_info("sslcontext") is not None
         self._flow = FlowControl(transport, self._loop, self._config.max_query_buffer)
         if not self._host.admit(self):
             self._ended = True
@@ -145,7 +147,9 @@ class Connection(asyncio.Protocol):
         # The client will send nothing more; everything it sent has been run (or waits
         # behind a command, which is then abandoned as for a disconnect).
         self._end()
-        return True  # the teardown closes the transport once the session is released
+        # The teardown closes the transport once the session is released; a TLS
+        # transport closes itself after EOF whatever we answer (and warns on True).
+        return not self._tls
 
     def connection_lost(self, exc: Exception | None) -> None:
         if not self._lost.done():

@@ -26,6 +26,7 @@ from backends.registry import engine_entry
 from gateway.config import Config
 from gateway.context import ServerContext
 from gateway.server import Server
+from gateway.tls import server_context
 
 log = structlog.get_logger("rafka.gateway.server")
 
@@ -34,13 +35,15 @@ T = TypeVar("T")
 
 async def start_server(config: Config, *, engine: Engine | None = None) -> Server:
     """Start the engine (the one `config` names, unless given) and listen; the caller
-    owns the Server and calls shutdown()."""
+    owns the Server and calls shutdown(). Bad TLS files raise ConfigError before the
+    engine starts."""
+    tls = server_context(config)
     stats = engine.stats if engine is not None else Stats()
     if engine is None:
         entry = engine_entry(config.engine)
         engine = entry.create(config.engine_settings, stats, config.engine_options())
     await engine.start()
-    server = Server(ServerContext(config=config, engine=engine, stats=stats))
+    server = Server(ServerContext(config=config, engine=engine, stats=stats), tls)
     try:
         await server.start()
     except BaseException:
@@ -89,7 +92,16 @@ class ServerThread:
 
     @property
     def port(self) -> int:
+        """The plaintext port (an error when that listener is off)."""
+        if self.server.port is None:
+            raise RuntimeError("no plaintext listener (TLS only)")
         return self.server.port
+
+    @property
+    def tls_port(self) -> int:
+        if self.server.tls_port is None:
+            raise RuntimeError("no TLS listener")
+        return self.server.tls_port
 
     def start(self) -> ServerThread:
         self._thread.start()

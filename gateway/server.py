@@ -7,6 +7,7 @@ connection runs its own commands (gateway.connection).
 from __future__ import annotations
 
 import asyncio
+import ssl
 
 import structlog
 
@@ -14,6 +15,7 @@ from backends.base import Stats
 from gateway.connection import Connection
 from gateway.context import ServerContext
 from gateway.resp import ParserLimits
+from gateway.tls import HANDSHAKE_TIMEOUT
 
 log = structlog.get_logger("rafka.gateway.server")
 
@@ -24,8 +26,9 @@ ABANDON_GRACE = 5.0
 class Server:
     """A listening gateway. Create with `gateway.runner.start_server`."""
 
-    def __init__(self, ctx: ServerContext) -> None:
+    def __init__(self, ctx: ServerContext, tls: ssl.SSLContext | None = None) -> None:
         self.ctx = ctx
+        self._tls = tls
         config = ctx.config
         self.limits = ParserLimits(
             max_arguments=config.max_arguments,
@@ -33,11 +36,14 @@ class Server:
             max_inline_length=config.max_inline_length,
             max_query_buffer=config.max_query_buffer,
         )
-        self._listener: asyncio.Server | None = None
+        # The plaintext and the TLS listeners (either may be off).
+        self._listeners: list[asyncio.Server] = []
         # Accepted connections not yet torn down (a refused one is never in here).
         self.live: set[Connection] = set()
         self._shutdown_task: asyncio.Task[None] | None = None
-        self.port = 0
+        # The ports listened on, once started; None when that listener is off.
+        self.port: int | None = None
+        self.tls_port: int | None = None
         self.host = config.host
 
     @property
@@ -51,12 +57,30 @@ class Server:
 
     async def start(self) -> None:
         config = self.ctx.config
-        loop = asyncio.get_running_loop()
-        self._listener = await loop.create_server(
-            lambda: Connection(self), config.host, config.port, reuse_address=True
+        if (config.tls_port is None) != (self._tls is None):
+            raise ValueError("a TLS port needs its SSLContext (gateway.tls.server_context)")
+        try:
+            if config.port is not None:
+                self.port = await self._listen(config.port, None)
+            if config.tls_port is not None:
+                self.tls_port = await self._listen(config.tls_port, self._tls)
+        except BaseException:
+            self._close_listener()
+            raise
+        log.info("Listening", host=config.host, port=self.port, tls_port=self.tls_port)
+
+    async def _listen(self, port: int, tls: ssl.SSLContext | None) -> int:
+        listener = await asyncio.get_running_loop().create_server(
+            lambda: Connection(self),
+            self.ctx.config.host,
+            port,
+            reuse_address=True,
+            ssl=tls,
+            ssl_handshake_timeout=HANDSHAKE_TIMEOUT if tls is not None else None,
         )
-        self.port = self._listener.sockets[0].getsockname()[1]
-        log.info("Listening", host=config.host, port=self.port)
+        self._listeners.append(listener)
+        port_: int = listener.sockets[0].getsockname()[1]
+        return port_
 
     # --- the connections (gateway.connection.Host) -----------------------------------
 
@@ -130,5 +154,5 @@ class Server:
             log.error("engine did not stop in time, abandoned")
 
     def _close_listener(self) -> None:
-        if self._listener is not None:
-            self._listener.close()
+        for listener in self._listeners:
+            listener.close()

@@ -40,7 +40,7 @@ class Session:
         # librdkafka client.id: the segment between the first and second ':' of the name.
         self.client_name = ""
         self.protocol = 2
-        self.authenticated = ctx.config.password is None
+        self.authenticated = not ctx.config.auth_required
         self.producer: Producer | None = None
         self.consumer: Consumer | None = None
         self.consumer_id: str | None = None

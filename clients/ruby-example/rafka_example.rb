@@ -11,8 +11,13 @@
 #   rafka_example.rb produce PORT TOPIC COUNT [KEY]     -> prints {"flushed": n}
 #   rafka_example.rb consume PORT TOPIC GROUP COUNT     -> prints one JSON line per record
 #   rafka_example.rb stats PORT                         -> prints the stats hash as JSON
+#
+# Environment: RAFKA_TLS_CA_FILE connects with TLS (redis-rb's `ssl: true`), trusting that
+# CA; RAFKA_TLS_CERT_FILE and RAFKA_TLS_KEY_FILE add a client certificate (mTLS);
+# RAFKA_USERNAME and RAFKA_PASSWORD authenticate (AUTH user pass).
 
 require "json"
+require "openssl"
 require "redis"
 
 module RafkaExample
@@ -30,9 +35,25 @@ module RafkaExample
     raise
   end
 
+  # TLS and credentials from the environment (see the top of this file).
+  def self.connection_options
+    options = {}
+    options[:username] = ENV["RAFKA_USERNAME"] if ENV["RAFKA_USERNAME"]
+    options[:password] = ENV["RAFKA_PASSWORD"] if ENV["RAFKA_PASSWORD"]
+    return options unless ENV["RAFKA_TLS_CA_FILE"]
+
+    params = { ca_file: ENV["RAFKA_TLS_CA_FILE"] }
+    if ENV["RAFKA_TLS_CERT_FILE"]
+      params[:cert] = OpenSSL::X509::Certificate.new(File.read(ENV["RAFKA_TLS_CERT_FILE"]))
+      params[:key] = OpenSSL::PKey.read(File.read(ENV["RAFKA_TLS_KEY_FILE"]))
+    end
+    options.merge(ssl: true, ssl_params: params)
+  end
+
   class Producer
     def initialize(port)
-      @redis = Redis.new(host: "127.0.0.1", port: port, reconnect_attempts: 5)
+      @redis = Redis.new(host: "127.0.0.1", port: port, reconnect_attempts: 5,
+                         **RafkaExample.connection_options)
     end
 
     def produce(topic, msg, key: nil)
@@ -58,7 +79,8 @@ module RafkaExample
   class Consumer
     def initialize(port, topic:, group:, id:, librdkafka: {})
       @topic = topic
-      @redis = Redis.new(host: "127.0.0.1", port: port, id: "#{group}:#{id}", reconnect_attempts: 5)
+      @redis = Redis.new(host: "127.0.0.1", port: port, id: "#{group}:#{id}", reconnect_attempts: 5,
+                         **RafkaExample.connection_options)
       @blpop_arg = librdkafka.empty? ? "topics:#{topic}" : "topics:#{topic}:#{librdkafka.to_json}"
     end
 

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
-import hmac
+import asyncio
+
+import structlog
 
 from gateway import __version__, errors
-from gateway.commands.base import Reply, arg, text
+from gateway import auth as users
+from gateway.commands.base import Answer, Reply, arg, text
 from gateway.resp import SimpleString
 from gateway.session import Session
+
+log = structlog.get_logger("rafka.gateway.auth")
 
 OK = SimpleString("OK")
 # Rafka answers SETNAME and QUIT with a bulk "OK", not +OK (spec §1.3).
 BULK_OK = b"OK"
-DEFAULT_USER = "default"
 
 
 def ping(session: Session, args: list[bytes]) -> Reply:
@@ -40,28 +44,45 @@ def client(session: Session, args: list[bytes]) -> Reply:
     raise errors.not_supported(sub)
 
 
-def _password_ok(session: Session, user: str, password: bytes) -> bool:
-    configured = session.ctx.config.password
-    if user != DEFAULT_USER:
-        return False
-    if configured is None:
-        return True  # Redis's default user without a password accepts any.
-    return hmac.compare_digest(password, configured.encode())
+def _log_in(session: Session, user: str, password: bytes) -> bool:
+    """Check the credentials; True authenticates the session. The password is never
+    logged, nor a user name that is not configured (it may be a mistyped password)."""
+    config = session.ctx.config
+    if users.check(config, user, password):
+        session.authenticated = True
+        return True
+    shown = user if users.known_user(config, user) else "(unknown)"
+    log.warning("authentication failed", client=session.id, user=shown)
+    return False
 
 
-def auth(session: Session, args: list[bytes]) -> Reply:
+async def _refused(delay: float) -> Reply:
+    """WRONGPASS after the configured pause: this connection waits, the others are
+    served meanwhile (a waiting command, as BLPOP)."""
+    await asyncio.sleep(delay)
+    raise errors.wrongpass()
+
+
+def _refuse(session: Session) -> Answer:
+    delay = session.ctx.config.auth_failure_delay
+    if delay > 0:
+        return _refused(delay)
+    raise errors.wrongpass()
+
+
+def auth(session: Session, args: list[bytes]) -> Answer:
     if len(args) not in (2, 3):
         raise errors.wrong_arity("auth")
-    if len(args) == 2 and session.ctx.config.password is None:
+    config = session.ctx.config
+    if len(args) == 2 and not config.auth_required:
         raise errors.auth_not_configured()
-    user = text(args[1]) if len(args) == 3 else DEFAULT_USER
-    if not _password_ok(session, user, args[-1]):
-        raise errors.wrongpass()
-    session.authenticated = True
+    user = text(args[1]) if len(args) == 3 else users.DEFAULT_USER
+    if not _log_in(session, user, args[-1]):
+        return _refuse(session)
     return OK
 
 
-def hello(session: Session, args: list[bytes]) -> Reply:
+def hello(session: Session, args: list[bytes]) -> Answer:
     """HELLO [protover [AUTH user pass] [SETNAME name]], checked in Redis's order."""
     version: int | None = None
     if len(args) >= 2:
@@ -85,10 +106,8 @@ def hello(session: Session, args: list[bytes]) -> Reply:
             index += 2
         else:
             raise errors.hello_syntax(option)
-    if credentials is not None:
-        if not _password_ok(session, *credentials):
-            raise errors.wrongpass()
-        session.authenticated = True
+    if credentials is not None and not _log_in(session, *credentials):
+        return _refuse(session)
     if not session.authenticated:
         raise errors.hello_noauth()
     if name is not None:

@@ -44,8 +44,8 @@ class Restartable:
     """A gateway that a test stops and starts again on the same port."""
 
     def __init__(self, factory: EngineFactory) -> None:
-        self.config = factory.gateway_config(port=free_port())
-        self.port = self.config.port
+        self.port = free_port()
+        self.config = factory.gateway_config(port=self.port)
         self.url = f"redis://127.0.0.1:{self.port}"
         self.server: ServerThread | None = ServerThread(self.config).start()
 
