@@ -27,6 +27,7 @@ from rafka_spark import RafkaSink, register
 
 from e2e.helpers import WAIT, DafkaDeployment, Deployment, KafkaDeployment
 from tests.support.engines import GATEWAY_ENGINES
+from tests.support.proxy import TcpProxy
 from tests.support.rafka_process import RafkaProcess
 from tests.support.waiting import wait_until
 
@@ -102,42 +103,22 @@ def lines_dir(path: Path, lines: list[str]) -> Path:
 # --- the foreachBatch sink ---------------------------------------------------------------
 
 
-def _hold_halfway(gate: str, batches: Iterator[Any]) -> Iterator[Any]:
-    """Runs in Spark's Python workers: passes each partition's rows on, but while the
-    file `gate` exists, stops halfway through until `gate` + ".open" exists (bounded)."""
-    import time
-
-    for batch in batches:
-        if not os.path.exists(gate):
-            yield batch
-            continue
-        half = len(batch) // 2
-        yield batch.iloc[:half]
-        deadline = time.monotonic() + 60
-        while not os.path.exists(gate + ".open") and time.monotonic() < deadline:
-            time.sleep(0.05)
-        yield batch.iloc[half:]
-
-
 def test_sink_is_at_least_once_when_the_gateway_is_killed_mid_batch(
     spark: SparkSession, rafka: RafkaProcess, deployment: Deployment, tmp_path: Path
 ) -> None:
     topic = deployment.new_topic(2)
-    # 400-byte rows: Spark's Python workers exchange rows through 64 KiB buffers, flushed
-    # when full; the first half of a partition must fill a few to reach the sink.
     rows = [f"row-{n}-" + "x" * 400 for n in range(2000)]
     source = lines_dir(tmp_path / "in", rows)
-    gate = tmp_path / "hold"
-    gate.touch()  # the first run of batch 0 stops halfway through each partition
-    sink = RafkaSink(url(rafka), topic, key="key", batch_size=50)
+    # Each of the 2 partitions' connections gets its first 40 kB through (a few RPUSHX
+    # of 20 rows), then is held: the batch is stopped mid-way, with records delivered.
+    proxy = TcpProxy(rafka.port, hold_after=40_000).start()
+    sink = RafkaSink(f"redis://127.0.0.1:{proxy.port}", topic, key="key", batch_size=20)
     runs: list[int] = []
 
     def send(df: DataFrame, batch_id: int) -> None:
         runs.append(batch_id)
-        held = df.repartition(2).mapInPandas(
-            lambda batches: _hold_halfway(str(gate), batches), df.schema
-        )
-        sink(held.select(F.substring("value", 1, 5).alias("key"), "value"), batch_id)
+        rows = df.repartition(2).select(F.substring("value", 1, 5).alias("key"), "value")
+        sink(rows, batch_id)
 
     def start() -> StreamingQuery:
         return (
@@ -148,32 +129,33 @@ def test_sink_is_at_least_once_when_the_gateway_is_killed_mid_batch(
             .start()
         )
 
-    query = start()
-    # Records of the first halves arrive; then the gateway dies under the batch.
-    wait_until(
-        lambda: sum(_heads(rafka, topic, 2)) > 0,
-        QUERY_WAIT,
-        "no record of batch 0 reached the gateway",
-    )
-    assert rafka.child is not None
-    os.kill(rafka.child.pid, signal.SIGKILL)
-    rafka.child.wait(WAIT)
-    (tmp_path / "hold.open").touch()
-    with pytest.raises(PySparkException) as failed:
-        finish(query)
-    assert "connection" in str(failed.value).lower(), str(failed.value)[-2000:]
-
-    # The gateway comes back; the query restarts from its checkpoint and runs batch 0 again.
-    gate.unlink()
-    again = RafkaProcess(rafka.config_path, rafka.port)
-    again.start()
     try:
         query = start()
-        finish(query)
-        assert runs == [0, 0], f"batch runs: {runs}"
-        got = Counter(r.value.decode() for r in everything(again, topic, 2) if r.value)
+        wait_until(lambda: proxy.held == 2, QUERY_WAIT, "the sink's 2 connections held")
+        delivered = wait_until(
+            lambda: sum(_heads(rafka, topic, 2)), WAIT, "records of batch 0 delivered"
+        )
+        assert delivered < len(rows)
+        assert rafka.child is not None
+        os.kill(rafka.child.pid, signal.SIGKILL)  # the gateway dies under the batch
+        rafka.child.wait(WAIT)
+        proxy.cut()
+        with pytest.raises(PySparkException) as failed:
+            finish(query)
+        assert "ConnectionLost" in str(failed.value), str(failed.value)[-2000:]
+
+        # The gateway comes back; the query restarts on its checkpoint: batch 0 again.
+        proxy.hold_after = None
+        again = RafkaProcess(rafka.config_path, rafka.port)
+        again.start()
+        try:
+            finish(start())
+            assert runs == [0, 0], f"batch runs: {runs}"
+            got = Counter(r.value.decode() for r in everything(again, topic, 2) if r.value)
+        finally:
+            again.kill()
     finally:
-        again.kill()
+        proxy.close()
     missing = set(rows) - set(got)
     assert not missing, f"{len(missing)} rows lost, e.g. {sorted(missing)[:5]}"
     assert set(got) == set(rows)

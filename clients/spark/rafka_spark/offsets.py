@@ -180,9 +180,14 @@ def next_offsets(reader: Reader, options: SourceOptions) -> dict[tuple[str, int]
     return heads
 
 
-def resolve(reader: Reader, wanted: str | Offsets, heads: Mapping[tuple[str, int], int]) -> Offsets:
+def resolve(
+    reader: Reader,
+    wanted: str | Offsets,
+    heads: Mapping[tuple[str, int], int],
+    unnamed: int = EARLIEST,
+) -> Offsets:
     """`wanted` (earliest, latest or per-partition JSON) as offsets of every partition in
-    `heads`; partitions the JSON does not name start at the earliest."""
+    `heads`; partitions the JSON does not name get `unnamed` (EARLIEST or LATEST)."""
     offsets: Offsets = {}
     for (topic, partition), head in sorted(heads.items()):
         if wanted == "latest":
@@ -191,7 +196,7 @@ def resolve(reader: Reader, wanted: str | Offsets, heads: Mapping[tuple[str, int
             offset = EARLIEST
         else:
             assert isinstance(wanted, dict)
-            offset = wanted.get(topic, {}).get(str(partition), EARLIEST)
+            offset = wanted.get(topic, {}).get(str(partition), unnamed)
         if offset == LATEST:
             offset = head
         elif offset == EARLIEST:

@@ -38,8 +38,11 @@ from pyspark.sql.types import StructType
 from rafka_client import NotHeld, Reader
 
 from rafka_spark.offsets import (
+    EARLIEST,
+    LATEST,
     Offsets,
     SourceOptions,
+    first_held,
     flat,
     limit_offsets,
     nested,
@@ -72,6 +75,8 @@ def read_range(
     """The records of `span` as rows, read with LRANGE in pieces of `range_size`."""
     with Reader(url) as reader:
         start = span.start
+        if start == EARLIEST:  # a partition that appeared after the query started
+            start = first_held(reader, span.topic, span.partition)
         while start < span.end:
             stop = min(start + range_size, span.end) - 1
             try:
@@ -105,11 +110,13 @@ def read_range(
 
 
 def _ranges(start: Offsets, end: Offsets) -> list[OffsetRange]:
+    """One range per partition with records between `start` and `end`; a partition that
+    `start` lacks (it appeared since) is read from its first held offset."""
     first = flat(start)
     return [
-        OffsetRange(topic, partition, first.get((topic, partition), 0), last)
+        OffsetRange(topic, partition, first.get((topic, partition), EARLIEST), last)
         for (topic, partition), last in sorted(flat(end).items())
-        if last > first.get((topic, partition), 0)
+        if last > max(first.get((topic, partition), 0), 0)
     ]
 
 
@@ -149,7 +156,7 @@ class RafkaBatchReader(DataSourceReader):
         with Reader(options.url) as reader:
             heads = next_offsets(reader, options)
             self.start = resolve(reader, options.starting, heads)
-            self.end = resolve(reader, options.ending, heads)
+            self.end = resolve(reader, options.ending, heads, unnamed=LATEST)
 
     def partitions(self) -> list[OffsetRange]:
         return _ranges(self.start, self.end)
