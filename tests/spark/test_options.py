@@ -1,10 +1,16 @@
 """The `rafka` source's options (spark-sql-kafka's names) and its per-trigger limit, without
-Spark: what a user gets for each option, and the clear error for a wrong one."""
+Spark: what a user gets for each option, and the clear error for a wrong one; the
+partition probe against a plain redis-server (the client's test double)."""
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
-from rafka_spark.offsets import LATEST, OptionError, SourceOptions, limit_offsets
+from rafka_client import Reader
+from rafka_spark.offsets import LATEST, OptionError, SourceOptions, limit_offsets, partitions_of
+
+from tests.support.redis_server import RedisServer
 
 
 def parse(stream: bool = False, **options: str) -> SourceOptions:
@@ -80,3 +86,12 @@ def test_a_small_limit_still_moves_on() -> None:
     heads = {("t", p): 1 for p in range(4)}
     end = limit_offsets(start, heads, 1)
     assert sum(end.values()) == 1
+
+
+def test_against_plain_redis_the_partition_probe_asks_for_assign(redis_server: RedisServer) -> None:
+    # Plain Redis answers LLEN 0 for any key, so the probe never meets an unknown partition.
+    with (
+        Reader(redis_server.url) as reader,
+        pytest.raises(OptionError, match="name the partitions with the assign option"),
+    ):
+        partitions_of(reader, f"t-{uuid.uuid4().hex[:6]}")

@@ -18,7 +18,7 @@ from rafka_client import NotHeld, Reader, UnknownPartition
 from rafka_spark.sink import BATCH_SIZE, DEFAULT_URL
 
 EARLIEST, LATEST = -2, -1  # spark-sql-kafka's markers in per-partition JSON
-MAX_PARTITIONS = 100_000  # the probe's bound: partitions of one topic
+MAX_PARTITIONS = 10_000  # the probe's bound: partitions of one topic
 Offsets = dict[str, dict[str, int]]
 
 
@@ -147,12 +147,19 @@ def partitions_of(reader: Reader, topic: str) -> list[int]:
 def _probe(reader: Reader, topic: str) -> dict[int, int]:
     """Partitions 0, 1, ... of `topic` with their next offsets, until one is unknown."""
     found: dict[int, int] = {}
-    while len(found) < MAX_PARTITIONS:
+    while True:
         try:
-            found[len(found)] = reader.next_offset(topic, len(found))
+            head = reader.next_offset(topic, len(found))
         except UnknownPartition:
-            break
-    return found
+            return found
+        if len(found) == MAX_PARTITIONS:
+            # A plain Redis double answers LLEN 0 for any key: it never ends the probe.
+            raise OptionError(
+                f"topic {topic!r} has more than {MAX_PARTITIONS} partitions, or this is "
+                "not a rafka gateway (plain Redis never says a partition is unknown): "
+                "name the partitions with the assign option"
+            )
+        found[len(found)] = head
 
 
 def first_held(reader: Reader, topic: str, partition: int) -> int:
