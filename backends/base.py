@@ -25,6 +25,7 @@ committed offset or a member's position.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
@@ -76,6 +77,18 @@ class EngineOptions:
 EngineSettings: TypeAlias = object
 
 
+@dataclass(frozen=True, slots=True)
+class EngineFlag:
+    """A command-line flag of `rafka` that sets one key of an engine's section (an
+    engine module lists its own in `FLAGS`)."""
+
+    flag: str  # e.g. "--tower-sub"
+    section: str  # the configuration section it writes to, e.g. "dafka"
+    key: str
+    type: type[str] | type[int]
+    help: str
+
+
 class EngineConfigError(Exception):
     """An engine's configuration section is wrong; the text names the key."""
 
@@ -86,6 +99,16 @@ class EngineError(Exception):
 
 class ProduceError(EngineError):
     """Produce refused at once, e.g. `Local: Queue full` (gateway answers `PROD <text>`)."""
+
+
+class QueueFullError(ProduceError):
+    """Refused because the engine's queue of records not yet durable is full (`Local:
+    Queue full`): transient, room comes as queued records become durable or fail.
+    `enqueued`: how many values of the refused call went in before the refusal."""
+
+    def __init__(self, text: str, enqueued: int = 0) -> None:
+        super().__init__(text)
+        self.enqueued = enqueued
 
 
 class ProducerCreationError(EngineError):
@@ -127,10 +150,11 @@ READS_NOT_SUPPORTED = "reads by offset are not supported by this engine"
 
 
 class Stats:
-    """Server-wide counters, thread-safe because engines count from their own threads.
+    """The engine's counters, thread-safe because engines count from their own threads.
 
     Rafka's three counters come first, in Rafka's order; `reset()` (DEL stats) zeroes
-    every counter but leaves gauges (like current connections) alone.
+    them. The gateway adds its own (connections) to what HGETALL stats shows
+    (`gateway/stats.py`).
     """
 
     # Rafka 0.6.2's counters, in HGETALL order.
@@ -144,9 +168,6 @@ class Stats:
     ACKED = "consumer.acked.messages"
     COMMITTED = "consumer.committed.offsets"
     COMMIT_ERRORS = "consumer.commit.errors"
-    CONNECTIONS_TOTAL = "server.connections.total"
-    # Gauges: describe the present, so DEL stats does not zero them.
-    CONNECTIONS_CURRENT = "server.connections.current"
 
     COUNTERS: tuple[str, ...] = (
         UNFLUSHED,
@@ -158,13 +179,31 @@ class Stats:
         ACKED,
         COMMITTED,
         COMMIT_ERRORS,
-        CONNECTIONS_TOTAL,
     )
-    GAUGES: tuple[str, ...] = (CONNECTIONS_CURRENT,)
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._values: dict[str, int] = dict.fromkeys(self.COUNTERS + self.GAUGES, 0)
+        self._values: dict[str, int] = dict.fromkeys(self.COUNTERS, 0)
+        # Counters added at run time (add_counters), after the fixed ones.
+        self._extra: set[str] = set()
+
+    def add_counters(self, names: Sequence[str]) -> None:
+        """Counters that live as long as what they count (e.g. one HTTP push
+        subscription's), listed after the fixed ones from 0; reset() zeroes them too.
+        Adding a name that exists keeps its value."""
+        with self._lock:
+            for name in names:
+                if name not in self._values:
+                    self._values[name] = 0
+                    self._extra.add(name)
+
+    def remove_counters(self, names: Sequence[str]) -> None:
+        """Forget counters added with add_counters (the fixed ones stay)."""
+        with self._lock:
+            for name in names:
+                if name in self._extra:
+                    self._extra.discard(name)
+                    del self._values[name]
 
     def incr(self, name: str, amount: int = 1) -> None:
         with self._lock:
@@ -175,13 +214,13 @@ class Stats:
             return self._values[name]
 
     def snapshot(self) -> dict[str, int]:
-        """Every counter and gauge, Rafka's three first."""
+        """Every counter, Rafka's three first."""
         with self._lock:
             return dict(self._values)
 
     def reset(self) -> None:
         with self._lock:
-            for name in self.COUNTERS:
+            for name in (*self.COUNTERS, *self._extra):
                 self._values[name] = 0
 
 
@@ -205,6 +244,13 @@ class Producer(ABC):
         for value in values:
             produce(topic, key, value)
         return len(values)
+
+    async def wait_for_room(self, timeout: float) -> None:
+        """After a QueueFullError: return once queued records (anyone's) have become
+        durable or failed since that refusal, so that a retry may find room, or after
+        `timeout` seconds. Never raises. This default only waits out the timeout: an
+        engine that raises QueueFullError overrides it."""
+        await asyncio.sleep(max(timeout, 0.0))
 
     @abstractmethod
     def outstanding(self) -> int:
@@ -241,6 +287,48 @@ class Consumer(ABC):
         thread hop (the gateway then answers BLPOP without a task); else None. Counts and
         raises as next() does. This default has no fast path."""
         return None
+
+    # A ConsumeError met by the default take_ready() after some records: raised by the
+    # next take_ready() (engines that override both keep errors in place instead).
+    _batch_error: ConsumeError | None = None
+
+    def take_ready(self, limit: int) -> list[Record]:
+        """Up to `limit` records that can be handed out at once (as next_ready()), in the
+        order next_ready() would hand them out; [] when none is. Counts as next() does;
+        raises a ConsumeError only when it returns no record (an error met after some
+        records is raised by the next call). This default loops on next_ready(); engines
+        override it to pay their per-record costs once per batch."""
+        error, self._batch_error = self._batch_error, None
+        if error is not None:
+            raise error
+        return self._gather([], limit)
+
+    def _gather(self, records: list[Record], limit: int) -> list[Record]:
+        while len(records) < limit:
+            try:
+                record = self.next_ready()
+            except ConsumeError as error:
+                if not records:
+                    raise
+                self._batch_error = error
+                break
+            if record is None:
+                break
+            records.append(record)
+        return records
+
+    async def next_batch(self, limit: int, timeout: float | None) -> list[Record]:
+        """Between 1 and `limit` records, waiting up to `timeout` seconds (None: forever)
+        for the first; [] after the timeout. Records already held come without waiting
+        for more; once a first record has come, whatever else is held then comes with
+        it. Order, counting and cancellation as next(): cancelling loses no record."""
+        ready = self.take_ready(limit)
+        if ready:
+            return ready
+        first = await self.next(timeout)
+        if first is None:
+            return []
+        return self._gather([first], limit)
 
     @abstractmethod
     def ack(self, topic: str, partition: int, offset: int) -> None:
@@ -298,6 +386,12 @@ class Engine(ABC):
         """Where the log is, for the start-up line: e.g. the brokers, or a directory."""
         return ""
 
+    def disk_paths(self) -> tuple[str, ...]:
+        """The directories on this machine the engine keeps the log in (the gateway's
+        metrics report their size); () when the log lives elsewhere (a broker, a joined
+        network). Called from any thread."""
+        return ()
+
     async def partition_offsets(self, topic: str, partition: int) -> PartitionOffsets:
         """The first held and the next offset of (topic, partition), as of now.
 
@@ -327,7 +421,7 @@ class Engine(ABC):
 # --- administration: topics (rafka-topics) -----------------------------------------------
 #
 # Kept in one block at the end of the module. An engine module of `backends.registry`
-# provides `admin(settings, options) -> Admin`; `rafka-topics` talks to nothing else.
+# provides `make_admin(settings, options) -> Admin`; `rafka-topics` talks to nothing else.
 
 
 class AdminError(EngineError):
@@ -406,6 +500,18 @@ class Admin(ABC):
     @abstractmethod
     async def describe(self, topic: str) -> TopicDescription:
         """Partitions with their offsets, settings, groups; UnknownTopicError."""
+
+    async def describe_many(self, topics: Sequence[str]) -> list[TopicDescription]:
+        """`describe` of each of `topics`, in order, leaving out those that do not exist
+        (deleted since they were listed). Engines override it to share the work between
+        topics (the gateway's metrics describe every topic at each scrape)."""
+        described: list[TopicDescription] = []
+        for topic in topics:
+            try:
+                described.append(await self.describe(topic))
+            except UnknownTopicError:
+                continue
+        return described
 
     @abstractmethod
     async def delete_topic(self, name: str) -> None:

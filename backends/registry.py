@@ -9,7 +9,9 @@ module provides (see `EngineModule`):
   the key. The gateway keeps the result without looking into it.
 - `create(settings, stats, options)`: a new engine, not started yet.
 - `describe(settings)`: the settings for the start-up log line, secrets redacted.
-- `admin(settings, options)`: topic administration (`rafka-topics`), not connected yet.
+- `make_admin(settings, options)`: topic administration (`rafka-topics`, the gateway's
+  metrics), not connected yet. (Not `admin`: importing an engine's `admin` submodule
+  rebinds that name in its package.)
 
 Adding an engine is one entry in `ENGINES`.
 """
@@ -25,21 +27,11 @@ from backends.base import (
     Admin,
     Engine,
     EngineConfigError,
+    EngineFlag,
     EngineOptions,
     EngineSettings,
     Stats,
 )
-
-
-@dataclass(frozen=True, slots=True)
-class EngineFlag:
-    """A command-line flag of `rafka` that sets one key of an engine's section."""
-
-    flag: str  # e.g. "--tower-sub"
-    section: str  # the configuration section it writes to, e.g. "dafka"
-    key: str
-    type: type[str] | type[int]
-    help: str
 
 
 class EngineModule(Protocol):
@@ -49,7 +41,7 @@ class EngineModule(Protocol):
 
     def describe(self, settings: EngineSettings) -> dict[str, object]: ...
 
-    def admin(self, settings: EngineSettings, options: EngineOptions) -> Admin: ...
+    def make_admin(self, settings: EngineSettings, options: EngineOptions) -> Admin: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +63,7 @@ class EngineEntry:
 
     def admin(self, settings: EngineSettings, options: EngineOptions) -> Admin:
         """Topic administration of this engine (`rafka-topics`); connects on first use."""
-        return self.load().admin(settings, options)
+        return self.load().make_admin(settings, options)
 
     def sections(self) -> tuple[str, ...]:
         """The sections of a configuration document that only this engine reads."""

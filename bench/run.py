@@ -6,7 +6,7 @@ perf tools join that network, so they and the gateway write to the same store):
    and pre-encoded; RPUSHX with 100 values + DUMP) next to `dafka-perf-store` (publish
    until a store has acknowledged); redis-py's own ceiling against a redis-server.
 2. Consume stored records through the gateway (BLPOP one record per call; pipelined
-   BLPOPs) next to `dafka-perf-consumer` reading stored records from the start.
+   BLPOPs; BLMPOP with COUNT) next to `dafka-perf-consumer` reading stored records from the start.
 3. Produce-to-BLPOP latency at fixed rates (a producer process sending timestamped RPUSHX,
    what is due at each instant in one pipeline; this process reading with 1 or N BLPOPs in
    flight; percentiles after a warm-up) next to `dafka-perf-store --rate --timestamp` with
@@ -30,6 +30,7 @@ BENCH_ARGS="--engine dafka"`), or `.venv/bin/python bench/run.py [--engine dafka
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import multiprocessing
 import re
@@ -222,6 +223,58 @@ def gateway_consume(port: int, topic: str, records: int) -> float:
     return (records - 1) / elapsed
 
 
+def rss_kb(pid: int) -> int:
+    """A process's resident set size, KB (Linux /proc)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def idle_connections(port: int, pid: int, count: int) -> tuple[float, int]:
+    """Open `count` connections to the gateway, each served a PING, kept open while the
+    gateway's RSS is read: (KB of RSS per connection, connections that got PONG)."""
+
+    async def run() -> tuple[float, int]:
+        before = rss_kb(pid)
+        streams: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+        for start in range(0, count, 500):
+            opened = await asyncio.gather(
+                *(
+                    asyncio.open_connection("127.0.0.1", port)
+                    for _ in range(start, min(count, start + 500))
+                )
+            )
+            streams.extend(opened)
+        for _, writer in streams:
+            writer.write(b"PING\r\n")
+        answers = await asyncio.gather(*(reader.readline() for reader, _ in streams))
+        served = sum(answer == b"+PONG\r\n" for answer in answers)
+        after = rss_kb(pid)
+        for _, writer in streams:
+            writer.close()
+        return (after - before) / count, served
+
+    return asyncio.run(run())
+
+
+def gateway_consume_batch(port: int, topic: str, records: int, count: int) -> float:
+    """Records/s of BLMPOP ... COUNT `count` until `records` came (the join not timed)."""
+    client = redis.Redis(port=port, client_name=f"bench:{topic}-batch")
+    key = f"topics:{topic}"
+    first = client.blmpop(30, 1, key, direction="LEFT", count=1)
+    assert first is not None, "gateway consumer got nothing"
+    got = 0
+    start = time.perf_counter()
+    while got < records - 1:
+        reply = client.blmpop(30, 1, key, direction="LEFT", count=min(count, records - 1 - got))
+        assert reply is not None, f"BLMPOP waited 30 s for nothing after {got} records"
+        got += len(reply[1])
+    elapsed = time.perf_counter() - start
+    client.close()
+    return got / elapsed
+
+
 def direct_consume(bootstrap: str, topic: str, records: int) -> float:
     consumer = Consumer({**gateway_properties(bootstrap).consumer, "group.id": f"direct-{topic}"})
     consumer.subscribe([topic])
@@ -301,6 +354,7 @@ def kafka_bench(args: argparse.Namespace) -> None:
 
             print("\nKafka path: records/s, gateway vs direct confluent-kafka")
             direct, piped, multi, consumed, consumed_direct = [], [], [], [], []
+            batched = []
             for _ in range(runs):
                 topic_a = broker.create_topic(4)
                 topic_b = broker.create_topic(4)
@@ -312,11 +366,20 @@ def kafka_bench(args: argparse.Namespace) -> None:
                     direct_consume(broker.bootstrap, topic_b, args.consume_records)
                 )
                 consumed.append(gateway_consume(gateway.port, topic_a, args.consume_records))
+                batched.append(
+                    gateway_consume_batch(gateway.port, topic_c, args.records, args.blmpop_count)
+                )
             row("  produce, pipelined RPUSHX (1000/batch)", piped, direct, "direct producer")
             row("  produce, RPUSHX with 100 values", multi, direct, "direct producer")
             row(
                 "  consume, BLPOP one record per call",
                 consumed,
+                consumed_direct,
+                "direct consumer",
+            )
+            row(
+                f"  consume, BLMPOP COUNT {args.blmpop_count}",
+                batched,
                 consumed_direct,
                 "direct consumer",
             )
@@ -514,11 +577,23 @@ class DafkaBench:
     which the Dafka perf tools join its network (the tower it started)."""
 
     def __init__(
-        self, workdir: Path, problems: Problems, dafka: dict[str, Any] | None = None
+        self,
+        workdir: Path,
+        problems: Problems,
+        dafka: dict[str, Any] | None = None,
+        event_loop: str = "asyncio",
     ) -> None:
         self.problems = problems
         data = workdir / "rafka-data"
-        document = {"gateway": {"engine": "dafka", "data_dir": str(data)}, "dafka": dafka or {}}
+        document = {
+            "gateway": {
+                "engine": "dafka",
+                "data_dir": str(data),
+                "event_loop": event_loop,
+                "max_clients": 20_000,
+            },
+            "dafka": dafka or {},
+        }
         config = workdir / "rafka.json"
         config.write_text(json.dumps(document, indent=2))
         self.gateway = RafkaProcess(config)
@@ -621,10 +696,11 @@ class DafkaBench:
         client.close()
 
     def consume(
-        self, group: str, topic: str, count: int, depth: int
+        self, group: str, topic: str, count: int, depth: int, batch: int = 0
     ) -> tuple[float, list[Delivered]]:
         """Records/s of `count` BLPOPs with redis-py (after the first one, which joins the
-        group), `depth` per pipeline (1: one call at a time), and what they delivered."""
+        group), `depth` per pipeline (1: one call at a time), and what they delivered.
+        With `batch`, BLMPOP ... COUNT `batch` one call at a time instead."""
         client = redis.Redis(port=self.port, client_name=f"{group}:bench", socket_timeout=60)
         key = f"topics:{topic}"
         got: list[Delivered] = []
@@ -635,7 +711,11 @@ class DafkaBench:
         got.append(delivered(first))
         start = time.perf_counter()
         while len(got) < count:
-            if depth == 1:
+            replies: list[Any]
+            if batch:
+                popped: Any = client.blmpop(10, 1, key, direction="LEFT", count=batch)
+                replies = [None] if popped is None else popped[1]
+            elif depth == 1:
                 replies = [client.blpop([key], timeout=10)]
             else:
                 pipe = client.pipeline(transaction=False)
@@ -659,8 +739,9 @@ class DafkaBench:
         self, topic: str, rate: int, warm_up: float, seconds: float, window: int
     ) -> tuple[dict[int, float], float, float]:
         """Produce-to-BLPOP percentiles (µs) of the records after `warm_up` seconds, with
-        `window` BLPOPs in flight on one connection (1: one at a time); the rates the
-        producer and the consumer (first record to last) achieved."""
+        `window` BLPOPs in flight on one connection (1: one at a time; -N: one
+        `BLMPOP ... COUNT N` at a time); the rates the producer and the consumer (first
+        record to last) achieved."""
         count = int(rate * (warm_up + seconds))
         self.warm_up(topic)
         client = RawClient(self.port, f"latency-{topic}:bench")
@@ -678,6 +759,10 @@ class DafkaBench:
         got: list[Delivered] = []
         producer.start()
         first = last = 0
+        batch = -window if window < 0 else 0
+        if batch:
+            blpop = encode("BLMPOP", 10, 1, f"topics:{topic}", "LEFT", "COUNT", batch)
+            window = 1
         try:
             client.send(blpop * min(window, count))
             sent = min(window, count)
@@ -688,11 +773,12 @@ class DafkaBench:
                 for reply in replies:
                     if reply is None or isinstance(reply, hiredis.ReplyError):
                         raise RuntimeError(f"BLPOP answered {reply!r}")
-                    record = delivered(reply)
-                    got.append(record)
-                    latencies.append(now - unpack(record[2])[0])
-                more = min(len(replies), count - sent)
-                if more > 0:
+                    for one in reply[1] if batch else [reply]:
+                        record = delivered(one)
+                        got.append(record)
+                        latencies.append(now - unpack(record[2])[0])
+                more = len(replies) if batch else min(len(replies), count - sent)
+                if more > 0 and len(got) < count:
                     client.send(blpop * more)
                     sent += more
         except (RuntimeError, OSError) as error:
@@ -717,7 +803,7 @@ class DafkaBench:
 def dafka_bench(args: argparse.Namespace, problems: Problems) -> None:
     runs, records = args.runs, args.records
     with tempfile.TemporaryDirectory(prefix="rafka-bench-") as scratch:
-        bench = DafkaBench(Path(scratch), problems)
+        bench = DafkaBench(Path(scratch), problems, event_loop=args.event_loop)
         redis_server, redis_port = start_redis_server()
         try:
             print(
@@ -728,7 +814,7 @@ def dafka_bench(args: argparse.Namespace, problems: Problems) -> None:
                 flush=True,
             )
             perf_store, piped, raw, multi, ceiling = [], [], [], [], []
-            perf_consumer, one, pipelined = [], [], []
+            perf_consumer, one, pipelined, batched = [], [], [], []
             for run in range(runs):
                 topic_piped, topic_raw, topic_multi = (
                     f"bench-{kind}-{run}" for kind in ("piped", "raw", "multi")
@@ -753,11 +839,17 @@ def dafka_bench(args: argparse.Namespace, problems: Problems) -> None:
                 )
                 pipelined.append(rate)
                 check_delivered(f"pipelined BLPOP, {topic_piped}", got, records, problems)
+                rate, got = bench.consume(
+                    f"batch{run}", topic_raw, records + WARM_UP_RECORDS, 1, args.blmpop_count
+                )
+                batched.append(rate)
+                check_delivered(f"BLMPOP, {topic_raw}", got, records, problems)
                 print(
                     f"  run {run + 1}: perf-store {perf_store[-1]:,.0f}, RPUSHX piped "
                     f"{piped[-1]:,.0f} (pre-encoded {raw[-1]:,.0f}), RPUSHX x100 "
                     f"{multi[-1]:,.0f}; perf-consumer {perf_consumer[-1]:,.0f}, BLPOP "
-                    f"{one[-1]:,.0f}, BLPOP piped {pipelined[-1]:,.0f} records/s",
+                    f"{one[-1]:,.0f}, BLPOP piped {pipelined[-1]:,.0f}, BLMPOP "
+                    f"{batched[-1]:,.0f} records/s",
                     flush=True,
                 )
 
@@ -774,6 +866,16 @@ def dafka_bench(args: argparse.Namespace, problems: Problems) -> None:
                 perf_consumer,
                 perf,
             )
+            row(f"  consume, BLMPOP COUNT {args.blmpop_count}", batched, perf_consumer, perf)
+            if args.idle_connections:
+                assert bench.gateway.child is not None
+                per_connection, served = idle_connections(
+                    bench.port, bench.gateway.child.popen.pid, args.idle_connections
+                )
+                print(
+                    f"  {args.idle_connections:,} idle connections, each served a PING: "
+                    f"{served:,} answered, gateway RSS {per_connection:.1f} KB per connection"
+                )
             print(
                 f"  (redis-py alone, pipelined RPUSHX to redis-server: "
                 f"{statistics.median(ceiling):,.0f}/s, the ceiling of the redis-py rows)"
@@ -811,7 +913,7 @@ def dafka_latency(
             )
             ours[window].append((figures, consumed))
             notes.append(
-                f"{window} in flight {latency_text(figures)} ({produced:,.0f}/s produced, "
+                f"{window_label(window)}: {latency_text(figures)} ({produced:,.0f}/s produced, "
                 f"{consumed:,.0f}/s consumed)"
             )
         print(
@@ -822,7 +924,7 @@ def dafka_latency(
     for window in windows:
         mine = median_percentiles([figures for figures, _ in ours[window]])
         consumed = statistics.median(rate for _, rate in ours[window])
-        label = "one BLPOP at a time" if window == 1 else f"{window} BLPOPs in flight"
+        label = window_label(window)
         ratios = "/".join(f"{mine[pct] / max(theirs[pct], 1):.0f}" for pct in PERCENTILES)
         behind = (
             f"; FELL BEHIND: consumed {consumed:,.0f}/s, the latency is the backlog"
@@ -831,6 +933,12 @@ def dafka_latency(
         )
         print(f"  {'RPUSHX -> ' + label:<40} {latency_text(mine)}   ratio {ratios}{behind}")
     print(f"  {'dafka-perf-store -> dafka-perf-consumer':<40} {latency_text(theirs)}")
+
+
+def window_label(window: int) -> str:
+    if window < 0:
+        return f"BLMPOP COUNT {-window}"
+    return "one BLPOP at a time" if window == 1 else f"{window} BLPOPs in flight"
 
 
 def median_percentiles(runs: Sequence[dict[int, float]]) -> dict[int, float]:
@@ -842,11 +950,13 @@ def latency_text(figures: dict[int, float]) -> str:
 
 
 def latency_runs(text: str) -> dict[int, list[int]]:
-    """`5000:100,1000:1` -> {5000: [100], 1000: [1]}: BLPOPs in flight per rate."""
+    """`5000:100,1000:1,1000:m500` -> {5000: [100], 1000: [1, -500]}: BLPOPs in flight per
+    rate; `mN`: one BLMPOP COUNT N at a time (-N)."""
     runs: dict[int, list[int]] = {}
     for item in text.split(","):
         rate, _, window = item.partition(":")
-        runs.setdefault(int(rate), []).append(int(window or 1))
+        count = -int(window[1:]) if window.startswith("m") else int(window or 1)
+        runs.setdefault(int(rate), []).append(count)
     return runs
 
 
@@ -859,11 +969,19 @@ def main() -> int:
         "--consume-records", type=int, default=10_000, help="records per BLPOP-per-call run"
     )
     parser.add_argument("--blpop-pipeline", type=int, default=200, help="BLPOPs per pipeline")
+    parser.add_argument("--blmpop-count", type=int, default=500, help="BLMPOP's COUNT")
+    parser.add_argument(
+        "--idle-connections", type=int, default=10_000, help="idle connections (0: none)"
+    )
+    parser.add_argument(
+        "--event-loop", choices=("asyncio", "uvloop"), default="asyncio", help="the gateway's"
+    )
     parser.add_argument(
         "--latency",
         type=latency_runs,
-        default=latency_runs("5000:100,1000:1,1000:100"),
-        help="latency runs as RATE:BLPOPS_IN_FLIGHT,... (default 5000:100,1000:1,1000:100)",
+        default=latency_runs("10000:100,10000:m500,1000:1,1000:m500"),
+        help="latency runs as RATE:BLPOPS_IN_FLIGHT or RATE:mCOUNT (one BLMPOP COUNT at a "
+        "time),... (default 10000:100,10000:m500,1000:1,1000:m500)",
     )
     parser.add_argument("--warm-up", type=float, default=1.0, help="latency: seconds not measured")
     parser.add_argument("--seconds", type=float, default=3.0, help="latency: seconds measured")

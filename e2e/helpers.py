@@ -4,13 +4,19 @@ Rafka client's steps over redis-py. The processes themselves are in tests/suppor
 from __future__ import annotations
 
 import json
+import os
+import signal
+import threading
+import time
 import uuid
 from abc import ABC, abstractmethod
 from pathlib import Path
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
-from tests.support.rafka_process import write_config
+from tests.support.rafka_process import RafkaProcess, write_config
 from tests.support.tansu import TansuBroker
 
 
@@ -100,10 +106,18 @@ def consume(
     return got
 
 
-def drain(port: int, group: str, topic: str, wanted: set[bytes] | None = None) -> list[bytes]:
+def drain(
+    port: int,
+    group: str,
+    topic: str,
+    wanted: set[bytes] | None = None,
+    client: redis.Redis | None = None,
+) -> list[bytes]:
     """Records the group gets, acked, until every `wanted` value came (then until none
-    comes for a second), or until WAIT seconds pass with nothing new."""
-    client = redis.Redis(port=port, client_name=f"{group}:drain", socket_timeout=WAIT)
+    comes for a second), or until WAIT seconds pass with nothing new. On `client` (a
+    consumer of `group` already, closed at the end) or a new connection."""
+    if client is None:
+        client = redis.Redis(port=port, client_name=f"{group}:drain", socket_timeout=WAIT)
     values: list[bytes] = []
     left = set(wanted or ())
     try:
@@ -120,3 +134,66 @@ def drain(port: int, group: str, topic: str, wanted: set[bytes] | None = None) -
             client.execute_command("RPUSH", "acks", ack)
     finally:
         client.close()
+
+
+def kill_and_restart(server: RafkaProcess) -> RafkaProcess:
+    """kill -9 the gateway, then start another on its port and configuration."""
+    assert server.child is not None
+    os.kill(server.child.pid, signal.SIGKILL)
+    server.child.wait(WAIT)
+    again = RafkaProcess(server.config_path, server.port)
+    again.start()
+    return again
+
+
+class Producing(threading.Thread):
+    """Produces batches with RPUSHX + DUMP until stopped (at most `max_batches`); remembers
+    what DUMP confirmed. A batch whose DUMP did not answer 0 (the gateway died under it, or
+    its engine could not store it within `dump_ms`) is not confirmed. An error reply is
+    remembered and the thread goes on; a lost connection ends it."""
+
+    def __init__(
+        self,
+        port: int,
+        topic: str,
+        tag: str,
+        *,
+        dump_ms: int = 5000,
+        batch: int = 20,
+        max_batches: int = 100_000,
+    ) -> None:
+        super().__init__(daemon=True)
+        self.port, self.topic, self.tag = port, topic, tag
+        self.dump_ms, self.batch, self.max_batches = dump_ms, batch, max_batches
+        self.confirmed: list[bytes] = []
+        self.batches = 0
+        self.unconfirmed = 0  # batches whose DUMP answered more than 0
+        self.errors: list[str] = []  # error replies, in order
+        self.slowest_dump = 0.0  # seconds
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        # No retry: a DUMP redis-py re-sent on a new connection would answer for another
+        # session, and count records the killed gateway never confirmed.
+        client = redis.Redis(port=self.port, socket_timeout=WAIT, retry=Retry(NoBackoff(), 0))
+        try:
+            while not self.stopping.is_set() and self.batches < self.max_batches:
+                values = [f"{self.tag}-{self.batches}-{i}".encode() for i in range(self.batch)]
+                self.batches += 1
+                try:
+                    client.execute_command("RPUSHX", f"topics:{self.topic}", *values)
+                    started = time.monotonic()
+                    left = client.execute_command("DUMP", str(self.dump_ms))
+                    self.slowest_dump = max(self.slowest_dump, time.monotonic() - started)
+                except redis.ResponseError as error:
+                    self.errors.append(str(error))
+                    self.stopping.wait(0.05)  # an error answers at once: do not spin
+                    continue
+                if left == 0:
+                    self.confirmed += values
+                else:
+                    self.unconfirmed += 1
+        except (redis.ConnectionError, redis.TimeoutError):
+            return  # the gateway was killed under us
+        finally:
+            client.close()

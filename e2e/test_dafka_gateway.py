@@ -16,6 +16,7 @@ import redis
 
 from e2e.helpers import WAIT, consume, dafka_document, drain, produce
 from tests.support.dafka_programs import Program, zpl
+from tests.support.processes import children
 from tests.support.rafka_process import RAFKA, RafkaProcess
 from tests.support.tansu import free_port
 from tests.support.waiting import wait_until
@@ -24,15 +25,6 @@ from tests.support.waiting import wait_until
 def write(path: Path, document: dict[str, Any]) -> Path:
     path.write_text(json.dumps(document, indent=2))
     return path
-
-
-def children(pid: int) -> set[int]:
-    """The pids of a process's children (its tower and stores)."""
-    found: set[int] = set()
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        text = (task / "children").read_text().split()
-        found.update(int(child) for child in text)
-    return found
 
 
 def alive(pid: int) -> bool:

@@ -3,18 +3,22 @@ consumer's records come back at least once, duplicates bounded by what it held."
 
 from __future__ import annotations
 
-import os
-import signal
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
-from e2e.helpers import WAIT, DafkaDeployment, Deployment, KafkaDeployment, consume, drain, produce
+from e2e.helpers import (
+    WAIT,
+    DafkaDeployment,
+    Deployment,
+    KafkaDeployment,
+    Producing,
+    consume,
+    drain,
+    kill_and_restart,
+    produce,
+)
 from tests.support.engines import GATEWAY_ENGINES
 from tests.support.rafka_process import RafkaProcess
 from tests.support.waiting import wait_until
@@ -36,43 +40,6 @@ def rafka(deployment: Deployment, tmp_path: Path) -> Iterator[RafkaProcess]:
     server.start()
     yield server
     server.kill()
-
-
-def kill_and_restart(server: RafkaProcess) -> RafkaProcess:
-    assert server.child is not None
-    os.kill(server.child.pid, signal.SIGKILL)
-    server.child.wait(WAIT)
-    again = RafkaProcess(server.config_path, server.port)
-    again.start()
-    return again
-
-
-class Producing(threading.Thread):
-    """Produces batches with RPUSHX + DUMP until stopped; remembers what DUMP confirmed.
-    A batch whose DUMP did not answer 0 (the gateway died under it) is not confirmed."""
-
-    def __init__(self, port: int, topic: str, tag: str) -> None:
-        super().__init__(daemon=True)
-        self.port, self.topic, self.tag = port, topic, tag
-        self.confirmed: list[bytes] = []
-        self.batches = 0
-        self.stopping = threading.Event()
-
-    def run(self) -> None:
-        # No retry: a DUMP redis-py re-sent on a new connection would answer for another
-        # session, and count records the killed gateway never confirmed.
-        client = redis.Redis(port=self.port, socket_timeout=WAIT, retry=Retry(NoBackoff(), 0))
-        try:
-            while not self.stopping.is_set():
-                values = [f"{self.tag}-{self.batches}-{i}".encode() for i in range(20)]
-                client.execute_command("RPUSHX", f"topics:{self.topic}", *values)
-                if client.execute_command("DUMP", "5000") == 0:
-                    self.confirmed += values
-                self.batches += 1
-        except (redis.ConnectionError, redis.TimeoutError):
-            return  # the gateway was killed under us
-        finally:
-            client.close()
 
 
 def test_kill_9_mid_produce_loses_no_dumped_record(

@@ -11,6 +11,7 @@ import structlog
 from backends.base import EngineError
 from gateway import __version__, logs
 from gateway.config import Config, ConfigError, from_args
+from gateway.loops import loop_factory
 from gateway.runner import serve_until_signal, start_server
 
 log = structlog.get_logger("rafka")
@@ -43,8 +44,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # version).
     log.info("starting", version=__version__, config=config.redacted())
     try:
-        asyncio.run(serve(config))
-    except ConfigError as error:  # e.g. a TLS file that is missing or holds no key
+        with asyncio.Runner(loop_factory=loop_factory(config.event_loop)) as runner:
+            runner.run(serve(config))
+    except ConfigError as error:  # a TLS file, or run-time push subscriptions, unreadable
         log.error("bad configuration", error=str(error))
         print(f"rafka: {error}", file=sys.stderr)
         return 1
@@ -52,7 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("cannot start the engine", engine=config.engine, error=str(error))
         print(f"rafka: cannot start the {config.engine} engine: {error}", file=sys.stderr)
         return 1
-    except OSError as error:  # e.g. the port is taken
+    except OSError as error:  # e.g. the port (or the metrics port) is taken
         log.error(
             "cannot listen",
             host=config.host,
@@ -60,6 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             tls_port=config.tls_port,
             error=str(error),
         )
+        print(f"rafka: {error}", file=sys.stderr)
         return 1
     return 0
 

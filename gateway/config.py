@@ -5,12 +5,14 @@ flags, the file's `gateway` section, the defaults below.
 
 File format (Rafka 0.6.2, spec §8.2, plus `gateway`)::
 
-    {"general": {...}, "consumer": {...}, "producer": {...}, "gateway": {...}}
+    {"general": {...}, "consumer": {...}, "producer": {...}, "gateway": {...},
+     "subscriptions": [...]}
 
 The gateway reads only its own `gateway` section, whose `engine` names the engine. That
 engine reads its own sections of the same document (the Kafka engine: Rafka's
 `general`, `consumer` and `producer`; see backends.registry) into settings the gateway
-keeps without looking into them. Numbers are decoded as Go did (`JsonNumber`). Missing
+keeps without looking into them. `subscriptions` lists the HTTP push subscriptions
+(gateway.push.spec; docs/push.md). Numbers are decoded as Go did (`JsonNumber`). Missing
 sections are empty; unknown top-level keys are ignored, as in Rafka.
 """
 
@@ -28,8 +30,10 @@ from backends.base import EngineConfigError, EngineOptions, EngineSettings
 from backends.registry import DEFAULT_ENGINE, ENGINES, engine_entry, engine_for
 from backends.settings import REDACTED, JsonNumber, json_decoder
 from gateway import __version__
+from gateway.push.spec import Subscription, SubscriptionError, parse_subscriptions
 
 LOG_FORMATS = ("console", "json")
+EVENT_LOOPS = ("asyncio", "uvloop")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 # tls-auth-clients, as in redis.conf: client certificates required, checked when given, or
 # not asked for.
@@ -72,6 +76,10 @@ class Config:
     max_query_buffer: int = 64 * 1024 * 1024
     # BLPOP timeout when the last argument is not a number (Rafka's hard-coded 5 s).
     blpop_default_timeout: float = 5.0
+    # How long an RPUSHX whose records do not fit the engine's queue waits for room
+    # (Kafka's max.block.ms) before answering `PROD Local: Queue full`; meanwhile its
+    # connection is not read. 0 = answer at once (Rafka).
+    produce_block_timeout: float = 60.0
     # How long a closing session's producer may flush (Rafka's hard-coded 5 s).
     producer_close_timeout: float = 5.0
     # Bound on the whole shutdown sequence; work still pending after it is abandoned.
@@ -86,12 +94,22 @@ class Config:
     # Records one LRANGE may answer; a larger range is refused.
     max_range: int = 1000
     log_format: str = "console"
+    # The event loop: asyncio's own, or uvloop's (libuv; installed with rafka).
+    event_loop: str = "asyncio"
     log_level: str = "info"
     # Where an engine that keeps data on this machine keeps it (Dafka, embedded).
     data_dir: str = "rafka-data"
+    # The Prometheus endpoint (gateway.metrics): off while metrics_port is None; 0 picks a
+    # free port. metrics_host None: the gateway's own host.
+    metrics_port: int | None = None
+    metrics_host: str | None = None
+    # Bound on reading consumer lag at one scrape, seconds.
+    metrics_lag_timeout: float = 5.0
     # What the engine's parse_settings() made of its sections of the document; None
     # means those of an empty document.
     engine_settings: EngineSettings = None
+    # HTTP push subscriptions of the configuration file (docs/push.md).
+    subscriptions: tuple[Subscription, ...] = ()
     config_path: str | None = None
 
     def __post_init__(self) -> None:
@@ -126,6 +144,11 @@ class Config:
                 out[item.name] = REDACTED
             elif item.name == "users":
                 out[item.name] = {user: REDACTED for user in value}
+            elif item.name == "subscriptions":
+                # Header values may be credentials (Authorization).
+                out[item.name] = [
+                    {**s.to_json(), "headers": dict.fromkeys(s.headers, REDACTED)} for s in value
+                ]
             else:
                 out[item.name] = value
         return out
@@ -233,6 +256,7 @@ _GATEWAY_KEYS: dict[str, Any] = {
     "max_inline_length": lambda v: _as_int("max_inline_length", v, 1),
     "max_query_buffer": lambda v: _as_int("max_query_buffer", v, 1),
     "blpop_default_timeout": lambda v: _as_seconds("blpop_default_timeout", v, allow_zero=False),
+    "produce_block_timeout": lambda v: _as_seconds("produce_block_timeout", v, allow_zero=True),
     "producer_close_timeout": lambda v: _as_seconds("producer_close_timeout", v, allow_zero=True),
     "shutdown_timeout": lambda v: _as_seconds("shutdown_timeout", v, allow_zero=False),
     "metadata_timeout": lambda v: _as_seconds("metadata_timeout", v, allow_zero=False),
@@ -240,8 +264,12 @@ _GATEWAY_KEYS: dict[str, Any] = {
     "consume_batch": lambda v: _as_int("consume_batch", v, 1, 1_000_000),
     "max_range": lambda v: _as_int("max_range", v, 1, 1_000_000),
     "log_format": lambda v: _as_choice("log_format", v, LOG_FORMATS),
+    "event_loop": lambda v: _as_choice("event_loop", v, EVENT_LOOPS),
     "log_level": lambda v: _as_choice("log_level", v, LOG_LEVELS),
     "data_dir": lambda v: _as_text("data_dir", v),
+    "metrics_port": lambda v: None if v is None else _as_int("metrics_port", v, 0, 65535),
+    "metrics_host": lambda v: _as_text("metrics_host", v),
+    "metrics_lag_timeout": lambda v: _as_seconds("metrics_lag_timeout", v, allow_zero=False),
 }
 
 
@@ -296,6 +324,11 @@ def check_document(document: Mapping[str, Any]) -> dict[str, Any]:
             raise ConfigError(str(error)) from None
     engine = settings["engine"]
     settings["engine_settings"] = _engine_settings(engine, document)
+    if "subscriptions" in document:
+        try:
+            settings["subscriptions"] = parse_subscriptions(document["subscriptions"])
+        except SubscriptionError as error:
+            raise ConfigError(str(error)) from None
     return settings
 
 
@@ -352,8 +385,17 @@ def argument_parser() -> argparse.ArgumentParser:
         help="client certificates: required (yes, the default), checked if given, or not asked",
     )
     parser.add_argument("--data-dir", help="where the embedded engine keeps its data")
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        help="serve Prometheus metrics on this port (default: off; 0: any free port)",
+    )
+    parser.add_argument(
+        "--metrics-host", help="the metrics endpoint's address (default: the --host one)"
+    )
     parser.add_argument("-v", "--version", action="version", version=f"rafka version {__version__}")
     parser.add_argument("--log-json", action="store_true", help="log JSON lines")
+    parser.add_argument("--event-loop", choices=EVENT_LOOPS, help="the event loop (asyncio)")
     for entry in ENGINES.values():
         for flag in entry.flags():
             parser.add_argument(flag.flag, type=flag.type, help=flag.help, metavar="VALUE")
@@ -377,12 +419,13 @@ def from_args(argv: Sequence[str]) -> Config:
     gateway = document.setdefault("gateway", {})
     if not isinstance(gateway, dict):
         raise ConfigError("section 'gateway' must be a JSON object")
-    for key in ("port", "tls_port"):
+    for key in ("port", "tls_port", "metrics_port"):
         value = getattr(args, key)
         if value is not None and not 0 <= value <= 65535:
             option = "--" + key.replace("_", "-")
             raise ConfigError(f"{option} must be between 0 and 65535, got {value}")
-    for key in ("host", "port", "engine", "data_dir", *_TLS_KEYS):
+    flags = ("host", "port", "engine", "data_dir", "event_loop", "metrics_port", "metrics_host")
+    for key in (*flags, *_TLS_KEYS):
         if getattr(args, key) is not None:
             gateway.pop(_redis_name(key), None)  # the flag wins over either spelling
             gateway[key] = getattr(args, key)

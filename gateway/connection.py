@@ -15,6 +15,7 @@ import asyncio
 import inspect
 import types
 from collections.abc import Awaitable
+from time import perf_counter
 from typing import Any, Protocol, TypeAlias, cast
 
 import structlog
@@ -26,6 +27,7 @@ from gateway.flow import FlowControl
 from gateway.idle import IdleTimer
 from gateway.resp import (
     NULL_ARRAY,
+    Encoded,
     ErrorReply,
     ParserLimits,
     ProtocolError,
@@ -51,6 +53,7 @@ _IMMEDIATE: frozenset[type] = frozenset(
         dict,
         str,
         SimpleString,
+        Encoded,
         ErrorReply,
         type(None),
         type(NULL_ARRAY),
@@ -108,6 +111,9 @@ class Connection(asyncio.Protocol):
         self._ended = False  # no command runs any more; teardown started
         self._closing = False  # close_soon(): close after the command in progress
         self._idle = IdleTimer(self._loop, self._config.idle_timeout, self._busy, self._end)
+        # Per-command latency (gateway.latency), only with the metrics endpoint on.
+        self._latency = host.ctx.latency
+        self._waiting_since = 0.0  # perf_counter() when the waiting command started
 
     @property
     def waiting(self) -> bool:
@@ -189,6 +195,10 @@ class Connection(asyncio.Protocol):
         transport = self._transport
         assert session is not None and transport is not None
         parser = self._parser
+        latency = self._latency
+        # A command's latency runs from the end of the one before it in this read (its
+        # parsing included): one clock read per command (gateway.latency).
+        started = perf_counter() if latency is not None else 0.0
         out: list[bytes] = []
         if first is not _NO_REPLY:
             encode_into(first, session.protocol, out)
@@ -209,9 +219,14 @@ class Connection(asyncio.Protocol):
                     # Answer what came before, then wait without blocking the others.
                     if out:
                         transport.write(b"".join(out))
+                    self._waiting_since = started
                     self._start_waiting(reply)
                     return
                 encode_into(reply, session.protocol, out)
+                if latency is not None:
+                    now = perf_counter()
+                    latency.observe(command[0] if command else b"", now - started)
+                    started = now
             if out:
                 transport.write(b"".join(out))
         except Exception:
@@ -238,7 +253,8 @@ class Connection(asyncio.Protocol):
         return cast(Waiting, self._wait(reply, command))
 
     def _start_waiting(self, waiting: Waiting) -> None:
-        self._flow.command_waits()
+        assert self.session is not None
+        self._flow.command_waits(self.session.stop_reading)
         self._command = self._loop.create_task(waiting)
 
     async def _wait(self, pending: Awaitable[Reply], command: list[bytes]) -> None:
@@ -257,6 +273,10 @@ class Connection(asyncio.Protocol):
             self._end()
             raise
         self._command = None
+        if self._latency is not None:
+            self._latency.observe(
+                command[0] if command else b"", perf_counter() - self._waiting_since
+            )
         if self._ended:
             return
         # Answered inside this task, not in a done callback: one loop iteration less.

@@ -100,6 +100,30 @@ def timeout_negative() -> RespError:
     return err("timeout is negative")
 
 
+# --- BLMPOP (Redis's texts for its syntax; one of ours for RIGHT) -------------------------
+
+
+def timeout_not_a_float() -> RespError:
+    return err("timeout is not a float or out of range")
+
+
+def numkeys_not_positive() -> RespError:
+    return err("numkeys should be greater than 0")
+
+
+def count_not_positive() -> RespError:
+    return err("count should be greater than 0")
+
+
+def syntax_error() -> RespError:
+    return err("syntax error")
+
+
+def blmpop_right() -> RespError:
+    # A log is consumed from its oldest record: there is no RIGHT end to pop from.
+    return cons("BLMPOP consumes from the LEFT only")
+
+
 # --- RPUSH acks (#11-#16) -----------------------------------------------------------------
 
 
@@ -301,3 +325,11 @@ def from_engine(error: EngineError) -> RespError:
         if isinstance(error, kind):
             return make(str(error))
     raise TypeError(f"no RESP text for {type(error).__name__}: {error}") from error
+
+
+# --- HTTP push subscriptions (RAFKA.PUSH; docs/push.md) -----------------------------------
+
+
+def push_refused(cause: str) -> RespError:
+    """A RAFKA.PUSH change or subscription refused; `cause` names the key or the reason."""
+    return err(f"push: {cause}")

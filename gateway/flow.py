@@ -1,8 +1,9 @@
 """Flow control of one connection: when it reads, and when its writers may write.
 
 Reading pauses while the client does not read our replies (the transport's write buffer
-is full), so that such a client stalls only itself, and while it has sent more than
-`max_query_buffer` bytes behind a command that waits (we read on meanwhile, to notice a
+is full), so that such a client stalls only itself, while an RPUSHX waits for room in the
+engine's queue (backpressure), and while it has sent more than `max_query_buffer` bytes
+behind a command that waits (we read on meanwhile, to notice a
 disconnect at once, but not without bound). MONITOR's writer awaits `drain()` to wait for
 the client to read again.
 """
@@ -51,8 +52,13 @@ class FlowControl:
 
     # --- what arrives behind a waiting command --------------------------------------------
 
-    def command_waits(self) -> None:
+    def command_waits(self, stop_reading: bool = False) -> None:
+        """A command waits; with `stop_reading`, read nothing until it is answered (it
+        waits for room for records: reading more would only queue more)."""
         self._buffered = 0
+        if stop_reading:
+            self._buffer_full = True
+            self._update_reading()
 
     def received_while_waiting(self, size: int) -> None:
         self._buffered += size

@@ -28,8 +28,11 @@ def _quote(arg: bytes) -> bytes:
 
 
 def redact(args: Sequence[bytes]) -> Sequence[bytes]:
-    """Hide the secrets of AUTH and HELLO ... AUTH user pass."""
+    """Hide the secrets of AUTH, HELLO ... AUTH user pass, and RAFKA.PUSH ADD (a
+    subscription's headers may hold credentials)."""
     name = args[0].upper()
+    if name == b"RAFKA.PUSH" and len(args) > 2 and args[1].upper() == b"ADD":
+        return [args[0], args[1], *(REDACTED_ARG for _ in args[2:])]
     if name == b"AUTH":
         return [args[0], *(REDACTED_ARG for _ in args[1:])]
     if name == b"HELLO":

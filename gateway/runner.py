@@ -23,9 +23,15 @@ import structlog
 
 from backends.base import Engine, Stats
 from backends.registry import engine_entry
-from gateway.config import Config
+from gateway.commands import COMMANDS
+from gateway.config import Config, ConfigError
 from gateway.context import ServerContext
+from gateway.latency import CommandLatency
+from gateway.loops import loop_factory
+from gateway.push.manager import PushManager, state_path
+from gateway.push.spec import SubscriptionError
 from gateway.server import Server
+from gateway.stats import ServerStats
 from gateway.tls import server_context
 
 log = structlog.get_logger("rafka.gateway.server")
@@ -34,21 +40,40 @@ T = TypeVar("T")
 
 
 async def start_server(config: Config, *, engine: Engine | None = None) -> Server:
-    """Start the engine (the one `config` names, unless given) and listen; the caller
-    owns the Server and calls shutdown(). Bad TLS files raise ConfigError before the
-    engine starts."""
+    """Start the engine (the one `config` names, unless given), listen, and start the
+    push subscriptions; the caller owns the Server and calls shutdown().
+
+    Raises ConfigError before the engine starts for bad TLS files and for run-time
+    subscriptions kept in the data directory that cannot be read."""
     tls = server_context(config)
     stats = engine.stats if engine is not None else Stats()
     if engine is None:
         entry = engine_entry(config.engine)
         engine = entry.create(config.engine_settings, stats, config.engine_options())
-    await engine.start()
-    server = Server(ServerContext(config=config, engine=engine, stats=stats), tls)
+    push = PushManager(engine, stats, config.subscriptions, state_path(config.data_dir))
     try:
+        push.load()
+    except SubscriptionError as error:
+        raise ConfigError(str(error)) from None
+    await engine.start()
+    latency = CommandLatency(COMMANDS) if config.metrics_port is not None else None
+    ctx = ServerContext(
+        config=config, engine=engine, stats=ServerStats(stats), latency=latency, push=push
+    )
+    server = Server(ctx, tls)
+    try:
+        if latency is not None:
+            from gateway.metrics import MetricsEndpoint  # prometheus_client: only when on
+
+            server.metrics = MetricsEndpoint(server.ctx, latency)
+            server.metrics.start()
         await server.start()
     except BaseException:
+        if server.metrics is not None:
+            await server.metrics.stop()
         await engine.stop()
         raise
+    push.start()
     return server
 
 
@@ -80,7 +105,7 @@ class ServerThread:
         self._config = config
         self._engine = engine
         self._start_timeout = start_timeout
-        self._loop = asyncio.new_event_loop()
+        self._loop = loop_factory(config.event_loop)()
         self._thread = threading.Thread(target=self._loop.run_forever, name="rafka-gateway")
         self._server: Server | None = None
 

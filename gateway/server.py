@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+from typing import TYPE_CHECKING
 
 import structlog
 
-from backends.base import Stats
 from gateway.connection import Connection
 from gateway.context import ServerContext
 from gateway.resp import ParserLimits
 from gateway.tls import HANDSHAKE_TIMEOUT
+
+if TYPE_CHECKING:
+    from gateway.metrics import MetricsEndpoint
 
 log = structlog.get_logger("rafka.gateway.server")
 
@@ -45,6 +48,8 @@ class Server:
         self.port: int | None = None
         self.tls_port: int | None = None
         self.host = config.host
+        # The Prometheus endpoint, when on (set by gateway.runner.start_server).
+        self.metrics: MetricsEndpoint | None = None
 
     @property
     def connections(self) -> int:
@@ -88,14 +93,13 @@ class Server:
         if len(self.live) >= self.ctx.config.max_clients:
             return False
         self.live.add(connection)
-        self.ctx.stats.incr(Stats.CONNECTIONS_TOTAL)
-        self.ctx.stats.incr(Stats.CONNECTIONS_CURRENT)
+        self.ctx.stats.connected()
         return True
 
     def forget(self, connection: Connection) -> None:
         if connection in self.live:
             self.live.discard(connection)
-            self.ctx.stats.incr(Stats.CONNECTIONS_CURRENT, -1)
+            self.ctx.stats.disconnected()
 
     # --- shutdown (spec §7, with the documented intent) ------------------------------
 
@@ -126,14 +130,21 @@ class Server:
         #      their producers flush), and wait for them. New connections are still
         #      accepted and served meanwhile (BLPOP refused, RPUSHX allowed).
         consuming = [c for c in self.live if c.session and c.session.consumer is not None]
-        await self._close(consuming)
+        await asyncio.gather(self._close(consuming), self._stop_push())
         # 5. Stop accepting.
         self._close_listener()
         # 6. Close everyone else; their producers flush.
         await self._close(list(self.live))
         # 7. Release the engine.
+        await self._stop_metrics()
         await self.ctx.engine.stop()
         log.info("shutdown complete")
+
+    async def _stop_push(self) -> None:
+        """Stop the push subscriptions: records being delivered are not acked (they are
+        delivered again after a restart); each subscription's consumer commits."""
+        if self.ctx.push is not None:
+            await self.ctx.push.stop()
 
     async def _close(self, connections: list[Connection]) -> None:
         for connection in connections:
@@ -147,11 +158,23 @@ class Server:
             connection.abandon()
         if connections:
             await asyncio.wait([c.closed for c in connections], timeout=ABANDON_GRACE)
+        await self._stop_metrics()  # bounded of its own: the engine gets its full grace
+        try:
+            async with asyncio.timeout(ABANDON_GRACE):
+                await self._stop_push()
+        except TimeoutError:
+            log.error("push subscriptions did not stop in time, abandoned")
         try:
             async with asyncio.timeout(ABANDON_GRACE):
                 await self.ctx.engine.stop()
         except TimeoutError:
             log.error("engine did not stop in time, abandoned")
+
+    async def _stop_metrics(self) -> None:
+        """Before the engine: the metrics read consumer lag from the engine's deployment."""
+        metrics, self.metrics = self.metrics, None
+        if metrics is not None:
+            await metrics.stop()
 
     def _close_listener(self) -> None:
         for listener in self._listeners:

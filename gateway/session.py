@@ -45,6 +45,9 @@ class Session:
         self.consumer: Consumer | None = None
         self.consumer_id: str | None = None
         self.monitoring = False
+        # Set by a command that waits for room in the engine's queue: the connection
+        # reads nothing more until it has answered (backpressure).
+        self.stop_reading = False
         # Set by QUIT: the server closes the connection once the reply is written.
         self.quit = False
         # The connection, as the writer of MONITOR output (set by the server).

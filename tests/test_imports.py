@@ -15,15 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("gateway", "backends")
 
 # Cycles that are known and owned elsewhere; each entry says why it may stay for now.
-KNOWN_CYCLES = {
-    # The Dafka engine's groups and producers name DafkaEngine in annotations only; the
-    # Dafka branch owns backends/dafka/ while issue 13 lands.
-    frozenset({"backends.dafka.engine", "backends.dafka.groups", "backends.dafka.producing"}),
-    # backends/dafka/__init__.py takes EngineFlag from the registry, whose TYPE_CHECKING
-    # block imports each engine module to check it: EngineFlag belongs in a module of its
-    # own, which both files (another branch's) should import.
-    frozenset({"backends.dafka", "backends.registry"}),
-}
+KNOWN_CYCLES: set[frozenset[str]] = set()
 
 
 def modules() -> dict[str, Path]:

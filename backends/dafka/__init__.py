@@ -12,12 +12,12 @@ from backends.base import (
     Admin,
     Engine,
     EngineConfigError,
+    EngineFlag,
     EngineOptions,
     EngineSettings,
     Stats,
 )
 from backends.dafka.settings import DafkaSettings, SettingsError, parse_section
-from backends.registry import EngineFlag
 
 SECTIONS = ("dafka",)
 FLAGS = (
@@ -67,7 +67,7 @@ def _own(settings: EngineSettings) -> DafkaSettings:
     return settings
 
 
-def admin(settings: EngineSettings, options: EngineOptions) -> Admin:
+def make_admin(settings: EngineSettings, options: EngineOptions) -> Admin:
     from backends.dafka.admin import DafkaAdmin
 
     return DafkaAdmin(_own(settings), options)

@@ -1,11 +1,7 @@
 """Topic administration on Dafka (`rafka-topics`): the `Admin` of `backends/base.py`.
 
-Where it connects:
-- joined (`dafka.tower_sub_address` / `tower_pub_address`): that network;
-- else the gateway's data directory (`gateway.data_dir`): if a gateway runs there (its
-  `rafka.lock` is held), its network, through the tower addresses the stores were given
-  (`store-<i>/stored.cfg`); else the directory's own tower and stores, started for the
-  duration of the command, as the gateway would start them.
+Where it connects: a joined network, the network of a gateway running on the data
+directory, or the directory's own tower and stores (`admin_network.py`).
 
 What it does there, as a Dafka node of its own (an observer for the heads, a reader for
 records, a producer for the catalog):
@@ -23,14 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
-import errno
-import fcntl
 import itertools
-import os
 import queue
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
 
@@ -39,7 +31,6 @@ import structlog
 from backends.base import (
     Admin,
     AdminError,
-    EngineError,
     EngineOptions,
     GroupOffsets,
     TopicDescription,
@@ -47,6 +38,7 @@ from backends.base import (
     TopicPartitionOffsets,
     UnknownTopicError,
 )
+from backends.dafka.admin_network import join
 from backends.dafka.beacon import TowerUnreachable
 from backends.dafka.catalog import (
     CONFIG_KEYS,
@@ -58,8 +50,7 @@ from backends.dafka.catalog import (
     is_gone,
 )
 from backends.dafka.config import Config, ConfigError
-from backends.dafka.embedded import LOCK_FILE
-from backends.dafka.engine import EmbeddedMode, JoinedNetwork, Network
+from backends.dafka.engine import Network
 from backends.dafka.observer import NotSettled, Observer
 from backends.dafka.offsets import OFFSETS_TOPIC, CommitLog
 from backends.dafka.partitions import PartitionMap, own_address
@@ -78,74 +69,6 @@ FIRST_WAIT = 2.0
 # How long a store that answered nothing yet gets before it counts as holding nothing.
 SILENT_STORE_WAIT = 1.0
 ASK_INTERVAL = 0.02  # seconds between two questions to the stores while waiting for them
-
-
-class _RunningGateway(Network):
-    """The network of a gateway that runs on the data directory (joined, starts nothing)."""
-
-    def __init__(self, data_dir: Path, settings: DafkaSettings, timeout: float) -> None:
-        try:
-            first = Config.load(data_dir / "store-0" / "stored.cfg")
-        except (OSError, ConfigError) as error:
-            raise AdminError(f"cannot read the store settings in {data_dir}: {error}") from None
-        sub, pub = first.get("beacon/sub_address"), first.get("beacon/pub_address")
-        values = {
-            "beacon/sub_address": sub,
-            "beacon/pub_address": pub,
-            "beacon/address": "127.0.0.1",
-            "beacon/ready_timeout": str(int(timeout * 1000)),
-        }
-        actor = {k: v for k, v in settings.settings.items() if not k.startswith("store/")}
-        self.config = Config({**actor, **values})
-        # The stores of this run: those given the tower of this run (a directory may keep
-        # more store-<i> from a run with more stores).
-        self.stores = max(
-            1,
-            sum(
-                1
-                for index in range(_store_dirs(data_dir))
-                if _tower_of(data_dir / f"store-{index}" / "stored.cfg") == sub
-            ),
-        )
-        self._where = f"the Dafka network of the rafka running on {data_dir}"
-
-    def where(self) -> str:
-        return self._where
-
-
-def _tower_of(path: Path) -> str | None:
-    try:
-        return Config.load(path).get("beacon/sub_address")
-    except (OSError, ConfigError):
-        return None
-
-
-def _store_dirs(data_dir: Path) -> int:
-    count = 0
-    while (data_dir / f"store-{count}").is_dir():
-        count += 1
-    return count
-
-
-def _locked(data_dir: Path) -> bool:
-    """Whether a gateway holds the data directory (its lock file is flocked)."""
-    try:
-        fd = os.open(data_dir / LOCK_FILE, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return False
-    except OSError as error:
-        raise AdminError(f"cannot read {data_dir / LOCK_FILE}: {error.strerror}") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except OSError as error:
-        if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-            return True
-        raise AdminError(f"cannot lock {data_dir / LOCK_FILE}: {error.strerror}") from None
-    else:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return False
-    finally:
-        os.close(fd)
 
 
 def check_name(name: str) -> None:
@@ -168,6 +91,22 @@ def check_config(config: Mapping[str, str]) -> None:
             number = -2
         if number < -1:
             raise AdminError(f"{key} must be an integer >= -1 (-1: forever), got {value!r}")
+
+
+def _groups(
+    topic: str, next_of: Mapping[int, int], deletion: TopicEntry | None, commits: CommitLog
+) -> tuple[GroupOffsets, ...]:
+    """The groups' committed offsets on `topic` and their lag. Commits made before the
+    topic's latest deletion belong to the deleted topic: dropped from `commits` (only
+    `topic`'s entries: the log can serve the other topics after)."""
+    if deletion is not None:
+        commits.forget(topic, deletion.unix_ms)
+    rows = [
+        GroupOffsets(group, partition, offset, max(0, next_of.get(partition, 0) - offset))
+        for group, name, partition, offset in commits.all()
+        if name == topic
+    ]
+    return tuple(sorted(rows, key=lambda row: (row.group, row.partition)))
 
 
 class DafkaAdmin(Admin):
@@ -193,7 +132,10 @@ class DafkaAdmin(Admin):
         if self._closed:
             raise AdminError("the admin is closed")
         if self._network is None:
-            self._network = await self._join()
+            joined = await join(self._settings, self._data_dir, self._timeout)
+            self._network = joined.network
+            self._started_network = joined.started
+            self._store_config = joined.store_config
         network = self._network
         try:
             if self._observer is None or self._reader is None:
@@ -217,46 +159,6 @@ class DafkaAdmin(Admin):
         except (NotSettled, TowerUnreachable, OSError) as error:
             raise AdminError(f"cannot reach {network.where()}: {error}") from None
         return network, self._observer, self._reader
-
-    async def _join(self) -> Network:
-        settings = self._settings
-        if settings.joined:
-            joined = JoinedNetwork(dataclasses.replace(settings, start_timeout=self._timeout))
-            return joined
-        data_dir = self._data_dir
-        if not (data_dir / "store-0").is_dir():
-            raise AdminError(
-                f"{data_dir} is not the data directory of a rafka on the Dafka engine "
-                "(no store-0 in it); give one (--data-dir), a Dafka network "
-                "(--tower-sub, --tower-pub) or a Kafka cluster (--bootstrap-server)"
-            )
-        for _ in range(2):
-            if _locked(data_dir):
-                network: Network = _RunningGateway(data_dir, settings, self._timeout)
-                self._store_config = self._read_store_config()
-                return network
-            stores = max(1, _store_dirs(data_dir))
-            embedded = EmbeddedMode(
-                dataclasses.replace(settings, stores=stores, start_timeout=self._timeout),
-                str(data_dir),
-                stop_timeout=10.0,
-            )
-            try:
-                await embedded.start()
-            except EngineError as error:
-                if _locked(data_dir):  # a gateway started meanwhile: join it
-                    continue
-                raise AdminError(str(error)) from None
-            self._started_network = True
-            self._store_config = self._read_store_config()
-            return embedded
-        raise AdminError(f"the Dafka data directory {data_dir} is changing hands; try again")
-
-    def _read_store_config(self) -> Config | None:
-        try:
-            return Config.load(self._data_dir / "store-0" / "stored.cfg")
-        except (OSError, ConfigError):
-            return None
 
     async def close(self) -> None:
         if self._closed:
@@ -412,9 +314,31 @@ class DafkaAdmin(Admin):
     async def describe(self, topic: str) -> TopicDescription:
         check_name(topic)
         _, observer, _ = await self._refresh()
+        described = await self._describe(topic, observer, await self._commits())
+        if described is None:
+            raise UnknownTopicError(f"Topic '{topic}' does not exist.")
+        return described
+
+    async def describe_many(self, topics: Sequence[str]) -> list[TopicDescription]:
+        """One refresh of the heads and the catalog, one read of the commits, for all."""
+        for topic in topics:
+            check_name(topic)
+        _, observer, _ = await self._refresh()
+        commits = await self._commits()
+        described: list[TopicDescription] = []
+        for topic in topics:
+            description = await self._describe(topic, observer, commits)
+            if description is not None:
+                described.append(description)
+        return described
+
+    async def _describe(
+        self, topic: str, observer: Observer, commits: CommitLog
+    ) -> TopicDescription | None:
+        """The description of `topic` after a refresh; None when it does not exist."""
         heads = observer.heads(topic)
         if not self._exists(topic, heads):
-            raise UnknownTopicError(f"Topic '{topic}' does not exist.")
+            return None
         entry = self._catalog.get(topic)
         deletion = self._deletions.get(topic)
         numbers = PartitionMap()
@@ -445,23 +369,15 @@ class DafkaAdmin(Admin):
             first = answered[0][0] if answered else head + 1
             offsets.append(TopicPartitionOffsets(number, min(first, head + 1), head + 1))
             next_of[number] = head + 1
-        groups = await self._groups(topic, next_of, deletion)
+        groups = _groups(topic, next_of, deletion, commits)
         return TopicDescription(topic, tuple(offsets), self._topic_config(topic, entry), groups)
 
-    async def _groups(
-        self, topic: str, next_of: Mapping[int, int], deletion: TopicEntry | None
-    ) -> tuple[GroupOffsets, ...]:
+    async def _commits(self) -> CommitLog:
+        """Every group's committed offsets, as the stores hold them now."""
         commits = CommitLog()
         for content in await self._read_to_heads(OFFSETS_TOPIC, "committed offsets"):
             commits.apply(content)
-        if deletion is not None:
-            commits.forget(topic, deletion.unix_ms)
-        rows = [
-            GroupOffsets(group, partition, offset, max(0, next_of.get(partition, 0) - offset))
-            for group, name, partition, offset in commits.all()
-            if name == topic
-        ]
-        return tuple(sorted(rows, key=lambda row: (row.group, row.partition)))
+        return commits
 
     def _topic_config(self, topic: str, entry: TopicEntry | None) -> Mapping[str, str]:
         """The catalog's settings of the topic, over the stores' own (when known: the

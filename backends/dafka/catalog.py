@@ -21,7 +21,7 @@ Who reads it:
 - Every gateway reads it at start and follows it while running: its partition count for
   a topic is the catalog's when the topic was created (over `dafka.partitions` and
   `dafka.topic_partitions`); a deletion forgets the topic's committed offsets.
-- Our stores apply each entry when they store it (`store.py`): `retention.ms` /
+- Our stores apply each entry when they store it (`store/writer.py`): `retention.ms` /
   `retention.bytes` override the store's retention for the topic; a deletion drops every
   record of the topic. C stores keep the records and ignore the catalog.
 """

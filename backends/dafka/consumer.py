@@ -17,19 +17,16 @@ order, each at most once per consumer lifetime. On top of C's behaviour:
   `consumer/heads_interval` ms at most): C asks only once, and misses partitions whose
   producer it never heard (issue 7).
 
-Threading: every socket lives in the actor thread. User calls travel as commands over an
-inproc PAIR (a wake-up byte) plus a deque, and wait for the actor's answer.
+Threading: every socket lives in the actor thread (`node.Node`). User calls travel as
+commands over its inproc PAIR (a wake-up byte) plus a deque, and wait for the actor's answer.
 """
 
 from __future__ import annotations
 
 import collections
-import contextlib
-import itertools
 import queue
 import struct
 import threading
-import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -39,23 +36,17 @@ import structlog
 import zmq
 
 from backends.dafka import proto
-from backends.dafka.beacon import (
-    Beacon,
-    apply_events,
-    bind_data_socket,
-    new_subscribers,
-    now_ms,
-)
+from backends.dafka.beacon import Beacon, apply_events, new_subscribers, now_ms
 from backends.dafka.config import Config
 from backends.dafka.fetch_filter import BUCKET, FetchFilter
 from backends.dafka.heads_schedule import HeadsSchedule
+from backends.dafka.node import Node
 from backends.dafka.producer import check_topic
 
 log = structlog.get_logger(__name__)
 
 _BATCH = 100_000  # messages per wake-up before timers and commands get a turn (as in C)
 _UNPACK_SEQ = struct.Struct(">Q").unpack_from
-_instances = itertools.count()
 _DIRECT_ID = proto.DIRECT_RECORD
 _CALL_POLL = 0.5  # seconds between "is the actor still alive" checks of a waiting call
 # The first GET_HEADS after the one at subscribe: soon, because a partition is most often
@@ -105,8 +96,10 @@ def _exact(msg_id: int, topic: str) -> bytes:
     return proto.subscription(msg_id, topic) + b"\0"
 
 
-class Consumer:
+class Consumer(Node):
     """Subscribes to topics and delivers their records, per partition in order."""
+
+    kind = "consumer"
 
     def __init__(
         self,
@@ -114,9 +107,6 @@ class Consumer:
         context: zmq.Context | None = None,
         sink: Callable[[DafkaRecord], Any] | None = None,
     ) -> None:
-        self.address = uuid.uuid4().hex.upper()
-        self._config = config
-        self._context = context or zmq.Context.instance()
         self._sink = sink
         self._records: queue.SimpleQueue[DafkaRecord | None] = queue.SimpleQueue()
         self._earliest = config.get("consumer/offset/reset", "latest") != "latest"
@@ -125,28 +115,11 @@ class Consumer:
         self._gap_buffer = max(0, config.get_int("consumer/gap_buffer", 100_000))
         self._heads_interval = max(0, config.get_int("consumer/heads_interval"))
 
-        self._lock = threading.Lock()
         self._commands: collections.deque[tuple[str, tuple[Any, ...], Future[Any]]] = (
             collections.deque()
         )
-        self._closed = False
-        self._actor: _Actor | None = None  # set by the actor thread before it is ready
-        self.port = 0
-
-        self._pipe_endpoint = f"inproc://dafka-consumer-{self.address}-{next(_instances)}"
-        self._pipe = self._context.socket(zmq.PAIR)
-        self._pipe.linger = 0
-        self._pipe.bind(self._pipe_endpoint)
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="dafka-consumer", daemon=True)
-        self._thread.start()
-        self._ready.wait()
-        if self._error is not None:
-            self._thread.join()
-            self._pipe.close()
-            self._closed = True
-            raise self._error
+        self._actor: _Actor | None = None  # set by the actor thread as its loop starts
+        super().__init__(config, context)
 
     # -- user side ----------------------------------------------------------------------
 
@@ -185,21 +158,6 @@ class Consumer:
         except queue.Empty:
             return None
 
-    def close(self) -> None:
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            self._signal(b"T")
-        self._thread.join()
-        self._pipe.close()
-
-    def _signal(self, command: bytes) -> None:
-        """Wake the actor (caller holds `_lock`). Never blocks: a dead actor (no peer on
-        the pipe) must not hang the caller; `_call` notices it is gone."""
-        with contextlib.suppress(zmq.Again):
-            self._pipe.send(command, zmq.NOBLOCK)
-
     def _call(self, name: str, *args: Any) -> Any:
         actor = self._actor
         if actor is not None and threading.get_ident() == self._thread.ident:
@@ -210,7 +168,7 @@ class Consumer:
             if self._closed or not self._thread.is_alive():
                 raise RuntimeError("Dafka consumer is closed")
             self._commands.append((name, args, future))
-            self._signal(b"C")
+            self._wake(b"C")  # a dead actor: the wait below notices it is gone
         while True:
             try:
                 return future.result(timeout=_CALL_POLL)
@@ -218,52 +176,21 @@ class Consumer:
                 if not self._thread.is_alive():
                     raise RuntimeError("Dafka consumer stopped") from self._error
 
-    # -- actor --------------------------------------------------------------------------
+    # -- actor (on its thread) ----------------------------------------------------------
 
-    def _run(self) -> None:
-        ctx = self._context
-        pipe = ctx.socket(zmq.PAIR)
-        sub = ctx.socket(zmq.SUB)
-        xpub = ctx.socket(zmq.XPUB)
-        beacon: Beacon | None = None
-        for sock in (pipe, sub, xpub):
-            sock.linger = 0
-        try:
-            pipe.connect(self._pipe_endpoint)
-            sub.rcvhwm = self._hwm
-            xpub.sndhwm = self._hwm
-            xpub.setsockopt(zmq.XPUB_VERBOSE, 1)
-            self.port = bind_data_socket(xpub, self._config, sub)
-            for msg_id in (proto.DIRECT_RECORD, proto.DIRECT_HEAD, proto.STORE_HELLO):
-                sub.setsockopt(zmq.SUBSCRIBE, proto.subscription(msg_id, self.address))
-            beacon = Beacon(self._config, self.address, ctx)
-            beacon.wait_ready()
-            beacon.start(self.port)
-        except BaseException as error:  # handed to the constructor, which re-raises it
-            self._error = error
-            if beacon is not None:
-                beacon.close()
-            for sock in (pipe, sub, xpub):
-                sock.close()
-            self._ready.set()
-            return
-        actor = _Actor(self, sub, xpub)
-        self._actor = actor
-        self._ready.set()
-        try:
-            actor.loop(pipe, beacon)
-        except BaseException as error:
-            self._error = error
-            log.exception("dafka consumer stopped on an error", consumer=self.address)
-        finally:
-            for _name, _args, future in self._commands:
-                future.set_exception(RuntimeError("Dafka consumer stopped"))
-            self._commands.clear()
-            self._records.put(None)  # wakes a get() waiting forever
-            beacon.stop()
-            beacon.close()
-            for sock in (pipe, sub, xpub):
-                sock.close()
+    def _subscriptions(self) -> list[bytes]:
+        ids = (proto.DIRECT_RECORD, proto.DIRECT_HEAD, proto.STORE_HELLO)
+        return [proto.subscription(msg_id, self.address) for msg_id in ids]
+
+    def _loop(self, pipe: zmq.Socket, sub: zmq.Socket, xpub: zmq.Socket, beacon: Beacon) -> None:
+        actor = self._actor = _Actor(self, sub, xpub)
+        actor.loop(pipe, beacon)
+
+    def _stopped(self, error: BaseException | None) -> None:
+        for _name, _args, future in self._commands:
+            future.set_exception(RuntimeError("Dafka consumer stopped"))
+        self._commands.clear()
+        self._records.put(None)  # wakes a get() waiting forever
 
 
 class _Actor:

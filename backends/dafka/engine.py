@@ -10,6 +10,11 @@ What it adds to Dafka, and where:
 - what the network holds (heads, topics): `observer.py`.
 The network is either embedded (a tower and stores as child processes, `embedded.py`) or
 joined (tower endpoints given; the gateway starts nothing).
+
+Over ~500 lines on purpose: what is left here is the one object the helpers above meet
+through (`engine_view.py`): life cycle, routing of produce/consume/reads to them and the
+commit schedule. Each part is short and calls out; splitting the hub would scatter the
+state they share (writers, groups, the reader's inbox) over modules that all need it.
 """
 
 from __future__ import annotations
@@ -86,6 +91,10 @@ class Network:
     def where(self) -> str:
         return ""
 
+    def disk_paths(self) -> tuple[str, ...]:
+        """The directories the network's stores keep records in on this machine."""
+        return ()
+
     async def start(self) -> None: ...
 
     async def stop(self) -> None: ...
@@ -143,6 +152,9 @@ class EmbeddedMode(Network):
 
     async def stop(self) -> None:
         await self._network.stop_async(self._stop_timeout)
+
+    def disk_paths(self) -> tuple[str, ...]:
+        return (str(self._network.data_dir),)
 
     def where(self) -> str:
         count = f"{self.stores} store" + ("s" if self.stores > 1 else "")
@@ -295,6 +307,7 @@ class DafkaEngine(Engine):
         for writer in writers:
             with contextlib.suppress(Exception):
                 await writer.ready
+            writer.publish_pending()
         left = await asyncio.gather(*(asyncio.to_thread(w.close, timeout) for w in writers))
         if any(left):
             log.warning("records not acknowledged by any store at stop", records=sum(left))
@@ -655,6 +668,9 @@ class DafkaEngine(Engine):
 
     def where(self) -> str:
         return self._network.where()
+
+    def disk_paths(self) -> tuple[str, ...]:
+        return self._network.disk_paths()
 
     # --- metadata --------------------------------------------------------------------------
 

@@ -31,7 +31,7 @@ from backends.dafka.envelope import unwrap
 from backends.dafka.reader import Reader
 
 if TYPE_CHECKING:
-    from backends.dafka.engine import DafkaEngine
+    from backends.dafka.engine_view import GroupsEngine as DafkaEngine
 
 log = structlog.get_logger(__name__)
 
@@ -251,6 +251,27 @@ class Group:
                 return record
         return None
 
+    def take_many(self, member: Member, limit: int, records: list[Record]) -> list[Record]:
+        """Up to `limit` records after `records`: the member's partitions in turn (one
+        rotation step per call, as take()), each drained as far as the limit allows."""
+        if limit <= 0:
+            return records
+        wanted = len(records) + limit
+        for part in member.rotation():
+            buffer = part.buffer
+            if not buffer:
+                continue
+            while buffer and len(records) < wanted:
+                records.append(buffer.popleft())
+            part.position = records[-1].offset + 1
+            room = self._buffer - len(buffer) - part.credit
+            if room >= self._buffer // 2:
+                part.credit += room
+                self._reader.grant((self.name, part.topic, part.address), room)
+            if len(records) >= wanted:
+                break
+        return records
+
     def ack(self, member: Member, topic: str, number: int, offset: int) -> None:
         part = self.by_number.get((topic, number))
         if part is None or part.owner is not member:
@@ -307,6 +328,26 @@ class Member(Consumer):
         if record is not None:
             self._engine.stats.incr(Stats.CONSUMED)
         return record
+
+    def take_ready(self, limit: int) -> list[Record]:
+        if self._closed:
+            return []
+        records = self.group.take_many(self, limit, [])
+        if records:
+            self._engine.stats.incr(Stats.CONSUMED, len(records))
+        return records
+
+    async def next_batch(self, limit: int, timeout: float | None) -> list[Record]:
+        ready = self.take_ready(limit)
+        if ready:
+            return ready
+        first = await self.next(timeout)
+        if first is None:
+            return []
+        records = self.group.take_many(self, limit - 1, [first])
+        if len(records) > 1:
+            self._engine.stats.incr(Stats.CONSUMED, len(records) - 1)
+        return records
 
     async def next(self, timeout: float | None) -> Record | None:
         if self._closed:

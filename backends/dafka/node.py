@@ -1,10 +1,16 @@
-"""A Dafka node of the gateway's own kind (the observer, the reader): one thread owning a
-SUB it connects to its peers, an XPUB it binds as its data socket and announces through
-its beacon, and the inproc PAIR its owner wakes it through.
+"""The thread-and-socket set-up every Dafka actor of ours repeats, in one place.
 
-The constructor returns once the beacon heard the tower (or raises what went wrong);
-`close()` stops and joins the thread and closes its sockets, exactly once. Subclasses say
-what the SUB subscribes to and run the loop.
+`Actor`: one thread owning its sockets (spec §2.1), a beacon that announces its data
+socket, and the inproc PAIR its owner wakes it through. The constructor returns once the
+beacon heard the tower (or raises what went wrong, every socket closed); `_shut_down()`
+wakes the thread with `T`, joins it and closes the pipe, exactly once (subclasses name it
+`close()`, with what their users need around it). A subclass opens its
+sockets (`_open`), runs its loop (`_serve`) and may clean up its own state (`_stopped`).
+The producer, the consumer and the store's writer and reader are actors.
+
+`Node`: an actor of the gateway's own kind (the consumer, the observer, the reader): a
+SUB it connects to its peers and an XPUB it binds as its data socket. Subclasses say what
+the SUB subscribes to (`_subscriptions`) and run the loop (`_loop`).
 """
 
 from __future__ import annotations
@@ -13,10 +19,12 @@ import contextlib
 import itertools
 import threading
 import uuid
+from collections.abc import Callable, Iterator
 
 import structlog
 import zmq
 
+from backends.dafka import proto
 from backends.dafka.beacon import Beacon, bind_data_socket
 from backends.dafka.config import Config
 
@@ -24,20 +32,43 @@ log = structlog.get_logger(__name__)
 
 _instances = itertools.count()
 
+# Makes a socket of the given type owned by the actor thread (linger 0, closed at its end).
+SocketFactory = Callable[[int], zmq.Socket]
 
-class Node:
-    kind = "node"  # for thread names, pipe endpoints and log lines
+
+def messages(sock: zmq.Socket, limit: int | None = None) -> Iterator[proto.Message]:
+    """The messages waiting on `sock`, decoded, until none is left (or `limit` were read);
+    malformed ones are dropped, as C drops them (spec §1.6)."""
+    read = 0
+    while limit is None or read < limit:
+        try:
+            frames = sock.recv_multipart(zmq.NOBLOCK)
+        except zmq.Again:
+            return
+        read += 1
+        try:
+            msg = proto.decode(frames)
+        except proto.MalformedMessage:
+            continue
+        yield msg
+
+
+class Actor:
+    kind = "actor"  # for thread names, pipe endpoints and log lines
 
     def __init__(
         self,
         config: Config,
         context: zmq.Context | None,
         lock: threading.Lock | threading.Condition | None = None,
+        *,
+        address: str | None = None,
     ) -> None:
         """Subclasses set what their loop needs before calling this: the thread starts
         here. `lock` (default: a new one) guards `_closed` and the owner's end of the
-        pipe; a subclass may share its own."""
-        self.address = uuid.uuid4().hex.upper()
+        pipe; a subclass may share its own. `address` defaults to a new uuid."""
+        self.address = address if address is not None else uuid.uuid4().hex.upper()
+        self.port = 0  # the data socket's, once the constructor returned
         self._config = config
         self._context = context or zmq.Context.instance()
         self._lock = lock or threading.Lock()
@@ -48,7 +79,7 @@ class Node:
         self._pipe.bind(self._pipe_endpoint)
         self._ready = threading.Event()
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name=f"dafka-{self.kind}", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=self._thread_name(), daemon=True)
         self._thread.start()
         self._ready.wait()
         if self._error is not None:
@@ -57,21 +88,86 @@ class Node:
             self._closed = True
             raise self._error
 
+    def _thread_name(self) -> str:
+        return f"dafka-{self.kind}"
+
     def _wake(self, command: bytes) -> None:
         """Tell the thread (the caller holds `_lock`); never blocks on a dead thread."""
         with contextlib.suppress(zmq.Again):
             self._pipe.send(command, zmq.NOBLOCK)
 
-    def close(self) -> None:
+    def _shut_down(self) -> None:
         with self._lock:
             if self._closed:
                 return
             self._closed = True
             self._wake(b"T")
+        self._join()
+
+    def _join(self) -> None:
+        """After `_closed` was set and the thread told to stop: wait for it to end."""
         self._thread.join()
         self._pipe.close()
 
     # -- the thread -----------------------------------------------------------------------
+
+    def _open(self, socket: SocketFactory) -> int:
+        """Make (through `socket`) and bind this actor's sockets; the data socket's port."""
+        raise NotImplementedError
+
+    def _serve(self, pipe: zmq.Socket, beacon: Beacon) -> None:
+        """The loop, until the owner's `T` on `pipe` (or an error)."""
+        raise NotImplementedError
+
+    def _stopped(self, error: BaseException | None) -> None:
+        """On the thread once the loop ended (`error`: what ended it), sockets still open."""
+
+    def _run(self) -> None:
+        sockets: list[zmq.Socket] = []
+
+        def socket(kind: int) -> zmq.Socket:
+            sock = self._context.socket(kind)
+            sock.linger = 0
+            sockets.append(sock)
+            return sock
+
+        beacon: Beacon | None = None
+        try:
+            pipe = socket(zmq.PAIR)
+            pipe.connect(self._pipe_endpoint)
+            self.port = self._open(socket)
+            beacon = Beacon(self._config, self.address, self._context)
+            beacon.wait_ready()
+            beacon.start(self.port)
+        except BaseException as error:  # handed to the constructor, which re-raises it
+            self._error = error
+            if beacon is not None:
+                beacon.close()
+            for sock in sockets:
+                sock.close()
+            self._ready.set()
+            return
+        self._ready.set()
+        failure: BaseException | None = None
+        try:
+            self._serve(pipe, beacon)
+        except BaseException as error:
+            failure = self._error = error
+            log.exception(f"dafka {self.kind} stopped on an error", node=self.address)
+        finally:
+            try:
+                self._stopped(failure)
+            finally:
+                beacon.stop()
+                beacon.close()
+                for sock in sockets:
+                    sock.close()
+
+
+class Node(Actor):
+    kind = "node"
+    # Both sockets' high-water mark, when a subclass sets one (else ZeroMQ's default).
+    _hwm: int | None = None
 
     def _subscriptions(self) -> list[bytes]:
         raise NotImplementedError
@@ -79,38 +175,20 @@ class Node:
     def _loop(self, pipe: zmq.Socket, sub: zmq.Socket, xpub: zmq.Socket, beacon: Beacon) -> None:
         raise NotImplementedError
 
-    def _run(self) -> None:
-        ctx = self._context
-        pipe = ctx.socket(zmq.PAIR)
-        sub = ctx.socket(zmq.SUB)
-        xpub = ctx.socket(zmq.XPUB)
-        beacon: Beacon | None = None
-        for sock in (pipe, sub, xpub):
-            sock.linger = 0
-        try:
-            pipe.connect(self._pipe_endpoint)
-            xpub.setsockopt(zmq.XPUB_VERBOSE, 1)
-            port = bind_data_socket(xpub, self._config, sub)
-            for prefix in self._subscriptions():
-                sub.setsockopt(zmq.SUBSCRIBE, prefix)
-            beacon = Beacon(self._config, self.address, ctx)
-            beacon.wait_ready()
-            beacon.start(port)
-        except BaseException as error:  # handed to the constructor, which re-raises it
-            self._error = error
-            if beacon is not None:
-                beacon.close()
-            for sock in (pipe, sub, xpub):
-                sock.close()
-            self._ready.set()
-            return
-        self._ready.set()
-        try:
-            self._loop(pipe, sub, xpub, beacon)
-        except BaseException:
-            log.exception(f"dafka {self.kind} stopped on an error", node=self.address)
-        finally:
-            beacon.stop()
-            beacon.close()
-            for sock in (pipe, sub, xpub):
-                sock.close()
+    def _open(self, socket: SocketFactory) -> int:
+        self._sub = sub = socket(zmq.SUB)
+        self._xpub = xpub = socket(zmq.XPUB)
+        if self._hwm is not None:
+            sub.rcvhwm = self._hwm
+            xpub.sndhwm = self._hwm
+        xpub.setsockopt(zmq.XPUB_VERBOSE, 1)
+        port = bind_data_socket(xpub, self._config, sub)
+        for prefix in self._subscriptions():
+            sub.setsockopt(zmq.SUBSCRIBE, prefix)
+        return port
+
+    def _serve(self, pipe: zmq.Socket, beacon: Beacon) -> None:
+        self._loop(pipe, self._sub, self._xpub, beacon)
+
+    def close(self) -> None:
+        self._shut_down()

@@ -29,7 +29,7 @@ import zmq
 from backends.dafka import proto
 from backends.dafka.beacon import Beacon, apply_events, new_subscribers, now_ms
 from backends.dafka.config import Config
-from backends.dafka.node import Node
+from backends.dafka.node import Node, messages
 
 log = structlog.get_logger(__name__)
 
@@ -231,15 +231,7 @@ class Observer(Node):
     def _drain(self, sub: zmq.Socket, xpub: zmq.Socket) -> None:
         moved: list[tuple[str, str, int]] = []
         answered = False
-        for _ in range(100_000):
-            try:
-                frames = sub.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            try:
-                msg = proto.decode(frames)
-            except proto.MalformedMessage:
-                continue
+        for msg in messages(sub, 100_000):
             if msg.id == proto.STORE_HELLO:
                 self._hello(sub, xpub, msg.address.encode())
                 continue

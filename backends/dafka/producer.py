@@ -17,16 +17,14 @@ Beyond C (issue 7):
 - close() waits for ACKs at most `producer/close_timeout` ms and says so when it gives up.
 
 Threading: `publish()` may be called from any thread. It appends to a deque and wakes the
-actor over an inproc PAIR only when the actor is not already due to look at the deque, so a
-burst of publishes costs one wake-up; the actor drains everything it finds per wake-up.
-Every socket except the user end of that PAIR lives in the actor thread.
+actor over its inproc PAIR (`node.Actor`) only when the actor is not already due to look at
+the deque, so a burst of publishes costs one wake-up; the actor drains everything it finds
+per wake-up. Every socket except the user end of that PAIR lives in the actor thread.
 """
 
 from __future__ import annotations
 
 import collections
-import contextlib
-import itertools
 import math
 import struct
 import threading
@@ -40,6 +38,7 @@ import zmq
 from backends.dafka import proto
 from backends.dafka.beacon import Beacon, apply_events, bind_data_socket, now_ms
 from backends.dafka.config import Config
+from backends.dafka.node import Actor, SocketFactory, messages
 from backends.dafka.unacked import UnackedList
 
 log = structlog.get_logger(__name__)
@@ -48,7 +47,6 @@ log = structlog.get_logger(__name__)
 # (C: up to 100,000 commands per wake-up), so ACKs and FETCHes are not starved.
 _BATCH = 100_000
 _PACK_SEQ = struct.Struct(">Q").pack
-_instances = itertools.count()
 # How long the PUB may keep the last HEAD after close: long enough to reach the wire, short
 # enough not to hold up a context termination.
 _LAST_HEAD_LINGER_MS = 200
@@ -66,8 +64,10 @@ def check_topic(topic: str) -> bytes:
     return raw
 
 
-class Producer:
+class Producer(Actor):
     """Publishes records on one new partition (its uuid) of `topic`."""
+
+    kind = "producer"
 
     def __init__(
         self,
@@ -86,13 +86,12 @@ class Producer:
         self.topic = topic
         if first_sequence < 0:
             raise ValueError(f"first_sequence must be >= 0, not {first_sequence}")
-        self.address = address if address is not None else uuid.uuid4().hex.upper()
-        if len(self.address) != 32 or not all(c in "0123456789ABCDEF" for c in self.address):
+        if address is None:
+            address = uuid.uuid4().hex.upper()
+        elif len(address) != 32 or not all(c in "0123456789ABCDEF" for c in address):
             raise ValueError(f"a partition address is 32 upper-case hex digits: {address!r}")
         self.first_sequence = first_sequence
         self._on_ack = on_ack
-        self._config = config
-        self._context = context or zmq.Context.instance()
         self._terminate_unacked = config.get_int("producer/terminate_unacked", 0) == 1
         self._head_interval = max(1, config.get_int("producer/head_interval", 1000))
         self._hwm = config.get_int("producer/high_watermark", 1_000_000)
@@ -101,34 +100,19 @@ class Producer:
         self._close_timeout = math.inf if close_timeout < 0 else close_timeout / 1000
 
         # Shared with the actor; `_lock` guards the deque hand-over and the user pipe end.
-        self._lock = threading.Lock()
+        lock = threading.Lock()
         self._queue: collections.deque[bytes] = collections.deque()
         self._wake_pending = False
         self._submitted = 0  # records handed to publish()
         self._released = 0  # records acked (written by the actor only)
         self._sent = 0  # records sent on the wire (written by the actor only)
-        self._closed = False
         self._failed = False  # the actor died of an unexpected error
         self._term_deadline = math.inf  # monotonic seconds; set by close() before _TERM
         self._left = 0
-        self.port = 0
+        super().__init__(config, context, lock, address=address)
 
-        self._pipe_endpoint = f"inproc://dafka-producer-{self.address}-{next(_instances)}"
-        self._pipe = self._context.socket(zmq.PAIR)
-        self._pipe.linger = 0
-        self._pipe.bind(self._pipe_endpoint)
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(
-            target=self._run, name=f"dafka-producer-{topic}", daemon=True
-        )
-        self._thread.start()
-        self._ready.wait()
-        if self._error is not None:
-            self._thread.join()
-            self._pipe.close()
-            self._closed = True
-            raise self._error
+    def _thread_name(self) -> str:
+        return f"dafka-producer-{self.topic}"
 
     # -- user side ----------------------------------------------------------------------
 
@@ -146,7 +130,7 @@ class Producer:
             self._submitted += 1
             if not self._wake_pending:
                 self._wake_pending = True
-                self._signal(_WAKE)
+                self._wake(_WAKE)
         return sequence
 
     def publish_many(self, contents: Sequence[bytes]) -> int:
@@ -160,14 +144,8 @@ class Producer:
             self._submitted += len(contents)
             if not self._wake_pending:
                 self._wake_pending = True
-                self._signal(_WAKE)
+                self._wake(_WAKE)
         return first
-
-    def _signal(self, command: bytes) -> None:
-        """Send a command to the actor (caller holds `_lock`). Never blocks: a dead actor
-        (no peer on the pipe) must not hang publish() or close()."""
-        with contextlib.suppress(zmq.Again):
-            self._pipe.send(command, zmq.NOBLOCK)
 
     def sent_count(self) -> int:
         """Records the actor has published on the wire (publish() only queues them)."""
@@ -193,9 +171,8 @@ class Producer:
             else:
                 wait = max(0.0, timeout)
             self._term_deadline = time.monotonic() + wait
-            self._signal(_TERM)
-        self._thread.join()
-        self._pipe.close()
+            self._wake(_TERM)
+        self._join()
         if self._left and timeout is None and not self._terminate_unacked:
             log.error(
                 "dafka producer closed with records no store acknowledged",
@@ -210,46 +187,25 @@ class Producer:
 
     # -- actor --------------------------------------------------------------------------
 
-    def _run(self) -> None:
-        ctx = self._context
-        pipe = ctx.socket(zmq.PAIR)
-        pub = ctx.socket(zmq.PUB)
-        sub = ctx.socket(zmq.SUB)
-        beacon: Beacon | None = None
-        for sock in (pipe, pub, sub):
-            sock.linger = 0
-        try:
-            pipe.connect(self._pipe_endpoint)
-            pub.sndhwm = self._hwm
-            sub.rcvhwm = self._hwm
-            self.port = bind_data_socket(pub, self._config, sub)
-            sub.setsockopt(zmq.SUBSCRIBE, proto.subscription(proto.ACK, self.address))
-            sub.setsockopt(zmq.SUBSCRIBE, proto.subscription(proto.FETCH, self.address))
-            beacon = Beacon(self._config, self.address, ctx)
-            beacon.wait_ready()
-            beacon.start(self.port)
-        except BaseException as error:  # handed to the constructor, which re-raises it
-            self._error = error
-            if beacon is not None:
-                beacon.close()
-            for sock in (pipe, pub, sub):
-                sock.close()
-            self._ready.set()
-            return
-        self._ready.set()
-        try:
-            self._loop(pipe, pub, sub, beacon)
-        except BaseException:
-            # A bug, not bad input (that is dropped where it is read): make it loud, and
-            # make publish() refuse instead of queueing records nobody will send.
-            log.exception("dafka producer stopped on an error", producer=self.address)
+    def _open(self, socket: SocketFactory) -> int:
+        self._pub = pub = socket(zmq.PUB)
+        self._sub = sub = socket(zmq.SUB)
+        pub.sndhwm = self._hwm
+        sub.rcvhwm = self._hwm
+        port = bind_data_socket(pub, self._config, sub)
+        sub.setsockopt(zmq.SUBSCRIBE, proto.subscription(proto.ACK, self.address))
+        sub.setsockopt(zmq.SUBSCRIBE, proto.subscription(proto.FETCH, self.address))
+        return port
+
+    def _serve(self, pipe: zmq.Socket, beacon: Beacon) -> None:
+        self._loop(pipe, self._pub, self._sub, beacon)
+
+    def _stopped(self, error: BaseException | None) -> None:
+        if error is not None:
+            # A bug, not bad input (that is dropped where it is read): logged loud by the
+            # actor; publish() now refuses instead of queueing records nobody will send.
             self._failed = True
             self._left = self.unacked_count()
-        finally:
-            beacon.stop()
-            beacon.close()
-            for sock in (pipe, pub, sub):
-                sock.close()
 
     def _loop(self, pipe: zmq.Socket, pub: zmq.Socket, sub: zmq.Socket, beacon: Beacon) -> None:
         unacked = UnackedList(self.first_sequence)
@@ -364,15 +320,7 @@ class Producer:
         topic: str,
     ) -> None:
         """Drain ACKs and FETCHes (both addressed to this partition by subscription)."""
-        while True:
-            try:
-                frames = sub.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            try:
-                msg = proto.decode(frames)
-            except proto.MalformedMessage:
-                continue
+        for msg in messages(sub):
             if msg.subject != topic:
                 continue
             if msg.id == proto.ACK:

@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from backends.base import ProduceError, Producer, Stats
+from backends.base import ProduceError, Producer, QueueFullError, Stats
 from backends.dafka.envelope import MAGIC, wrap
 from backends.dafka.partitions import own_address
 from backends.dafka.producer import Producer as DafkaProducer
 
 if TYPE_CHECKING:
-    from backends.dafka.engine import DafkaEngine
+    from backends.dafka.engine_view import ProducingEngine as DafkaEngine
 
 log = structlog.get_logger(__name__)
 
@@ -48,24 +48,35 @@ class PartitionWriter:
         self._producer: DafkaProducer | None = None
         self._first_sequence = 0
         self._waiting: list[bytes] = []  # produced before the actor existed
+        # Submitted during this pass of the event loop: handed to the actor once, at the
+        # end of the pass, so that many connections' RPUSHX cost one hand-over (one lock,
+        # at most one wake-up of the actor's thread).
+        self._pending: list[bytes] = []
         self.submitted = 0
         self.acked = 0  # positions below are held by a store
         self.failed: str | None = None
         self.ready: asyncio.Task[None] = self._loop.create_task(self._start())
 
     def submit(self, values: Sequence[bytes]) -> int:
-        """Queue `values`; returns the position after the last one."""
+        """Queue `values`; returns the position after the last one. Past
+        `queue_max_messages` records not yet acked, queues those that fit and raises
+        QueueFullError saying how many."""
         if self.failed is not None:
             raise ProduceError(self.failed)
-        limit = self._engine.settings.queue_max_messages
-        if self.submitted - self.acked + len(values) > limit:
-            raise ProduceError(QUEUE_FULL)
-        producer = self._producer
-        if producer is None:
-            self._waiting.extend(values)
-        else:
-            producer.publish_many(values)
-        self.submitted += len(values)
+        room = self._engine.settings.queue_max_messages - (self.submitted - self.acked)
+        full = room < len(values)
+        if full:
+            values = values[: max(room, 0)]
+        if values:
+            if self._producer is None:
+                self._waiting.extend(values)
+            else:
+                if not self._pending:
+                    self._loop.call_soon(self.publish_pending)
+                self._pending.extend(values)
+            self.submitted += len(values)
+        if full:
+            raise QueueFullError(QUEUE_FULL, len(values))
         return self.submitted
 
     async def _start(self) -> None:
@@ -83,6 +94,20 @@ class PartitionWriter:
         waiting, self._waiting = self._waiting, []
         if waiting:
             self._producer.publish_many(waiting)
+
+    def publish_pending(self) -> None:
+        """Hand what this pass submitted to the actor (loop thread)."""
+        pending, self._pending = self._pending, []
+        if not pending or self._producer is None:
+            return
+        try:
+            self._producer.publish_many(pending)
+        except RuntimeError as error:  # the actor is gone: these records never go out
+            self.failed = f"Local: Transport failure: {error}"
+            log.error("partition writer failed", topic=self.topic, error=str(error))
+            if not self.internal:
+                self._engine.stats.incr(Stats.DELIVERY_ERRORS, len(pending))
+            self._engine.progress()
 
     def _open(self) -> DafkaProducer:
         engine = self._engine
@@ -129,7 +154,8 @@ class PartitionWriter:
             self._engine.progress()
 
     def close(self, timeout: float) -> int:
-        """Blocking: flush up to `timeout` and stop the actor; returns records left."""
+        """Blocking: flush up to `timeout` and stop the actor; returns records left.
+        Call publish_pending() on the loop first."""
         producer, self._producer = self._producer, None
         if producer is None:
             return len(self._waiting)
@@ -157,8 +183,18 @@ class ProducerHandle(Producer):
         writer = self._engine.writer_for(topic, key)
         if key is not None or any(v.startswith(MAGIC) for v in values):
             values = [wrap(key, value) for value in values]
-        end = writer.submit(values)
-        start = end - len(values)
+        start = writer.submitted
+        try:
+            end = writer.submit(values)
+        except QueueFullError as full:
+            if full.enqueued:
+                self._note(writer, start, start + full.enqueued)
+            raise
+        self._note(writer, start, end)
+        return len(values)
+
+    def _note(self, writer: PartitionWriter, start: int, end: int) -> None:
+        """This session's records at positions [start, end) of `writer`."""
         ranges = self._ranges.get(writer)
         if ranges is None:
             ranges = self._ranges[writer] = collections.deque()
@@ -166,8 +202,12 @@ class ProducerHandle(Producer):
             ranges[-1][1] = end
         else:
             ranges.append([start, end])
-        self._engine.stats.incr(Stats.PRODUCED, len(values))
-        return len(values)
+        self._engine.stats.incr(Stats.PRODUCED, end - start)
+
+    async def wait_for_room(self, timeout: float) -> None:
+        # Writers make room when a store acknowledges (or a writer fails): both call
+        # engine.progress() on this loop, so none can come between the refusal and here.
+        await self._engine.wait_progress(timeout)
 
     def outstanding(self) -> int:
         left = 0

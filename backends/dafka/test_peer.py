@@ -99,11 +99,20 @@ class TestPeer:
         self._control.send_multipart([b"SEND", *frames])
 
     def send_record(self, topic: str, seq: int, content: bytes | str) -> None:
+        self._send_record(proto.RECORD, topic, topic, seq, content)
+
+    def send_direct_record(self, to: str, topic: str, seq: int, content: bytes | str) -> None:
+        """A record of our partition as a FETCH answer: DIRECT_RECORD routed to node `to`."""
+        self._send_record(proto.DIRECT_RECORD, to, topic, seq, content)
+
+    def _send_record(
+        self, msg_id: int, routing: str, topic: str, seq: int, content: bytes | str
+    ) -> None:
         data = content.encode() if isinstance(content, str) else content
         self.send(
             Message(
-                proto.RECORD,
-                topic.encode(),
+                msg_id,
+                routing.encode(),
                 address=self.address,
                 subject=topic,
                 sequence=seq,

@@ -10,6 +10,7 @@ from beacon SUBs are forwarded upstream, except the welcome `W` ones.
 from __future__ import annotations
 
 import array
+import contextlib
 import fcntl
 import socket
 import struct
@@ -126,6 +127,7 @@ class Tower:
         xsub = ctx.socket(zmq.XSUB)
         xpub = ctx.socket(zmq.XPUB)
         sockets = (control, xsub, xpub)
+        bound: list[tuple[zmq.Socket, str]] = []
         try:
             for sock in sockets:
                 sock.setsockopt(zmq.LINGER, 0)
@@ -133,12 +135,11 @@ class Tower:
             for sock in (xsub, xpub):
                 security.serve(sock, self._config)
             control.bind(self._control)
-            self.sub_endpoints = _attach_all(xsub, self._sub_spec, "tower/sub_address")
-            self.pub_endpoints = _attach_all(xpub, self._pub_spec, "tower/pub_address")
+            self.sub_endpoints = _attach_all(xsub, self._sub_spec, "tower/sub_address", bound)
+            self.pub_endpoints = _attach_all(xpub, self._pub_spec, "tower/pub_address", bound)
         except BaseException as exc:  # reported to the constructor, which re-raises it
             self._error = exc
-            for sock in sockets:
-                sock.close(linger=0)
+            _release(bound, sockets)
             self._started.set()
             return
         self._started.set()
@@ -147,8 +148,7 @@ class Tower:
         try:
             self._loop(control, xsub, xpub)
         finally:
-            for sock in sockets:
-                sock.close(linger=0)
+            _release(bound, sockets)
 
     def _loop(self, control: zmq.Socket, xsub: zmq.Socket, xpub: zmq.Socket) -> None:
         poller = zmq.Poller()
@@ -202,9 +202,24 @@ class Tower:
             xsub.send(frame)
 
 
-def _attach_all(sock: zmq.Socket, spec: str, setting: str) -> list[str]:
+def _release(bound: list[tuple[zmq.Socket, str]], sockets: tuple[zmq.Socket, ...]) -> None:
+    """Unbind, then close. Closing alone leaves the endpoints to ZeroMQ's reaper thread,
+    which frees them some time later: a tower started on the same inproc endpoints right
+    after `close()` returned could find them still taken. `unbind` frees an inproc
+    endpoint before it returns."""
+    for sock, endpoint in bound:
+        with contextlib.suppress(zmq.ZMQError):  # left to the reaper, as without unbind
+            sock.unbind(endpoint)
+    for sock in sockets:
+        sock.close(linger=0)
+
+
+def _attach_all(
+    sock: zmq.Socket, spec: str, setting: str, bound: list[tuple[zmq.Socket, str]]
+) -> list[str]:
     """Bind (or, with a `>` prefix, connect) every endpoint of `spec`; returns them with
-    wildcard ports resolved, e.g. `tcp://127.0.0.1:*` -> `tcp://127.0.0.1:41234`."""
+    wildcard ports resolved, e.g. `tcp://127.0.0.1:*` -> `tcp://127.0.0.1:41234`. Adds
+    the bound ones to `bound`."""
     result: list[str] = []
     for entry in (e.strip() for e in spec.split(",")):
         if not entry:
@@ -214,7 +229,9 @@ def _attach_all(sock: zmq.Socket, spec: str, setting: str) -> list[str]:
             continue
         attach(sock, "@" + entry.lstrip("@"), setting)
         last = sock.getsockopt(zmq.LAST_ENDPOINT)
-        result.append(last.decode() if isinstance(last, bytes) else str(last))
+        endpoint = last.decode() if isinstance(last, bytes) else str(last)
+        bound.append((sock, endpoint))
+        result.append(endpoint)
     if not result:
         raise ValueError(f"{setting} is empty: nothing to bind")
     return result

@@ -35,7 +35,7 @@ def _own(settings: EngineSettings) -> KafkaSettings:
     return settings
 
 
-def admin(settings: EngineSettings, options: EngineOptions) -> Admin:
+def make_admin(settings: EngineSettings, options: EngineOptions) -> Admin:
     from backends.kafka.admin import KafkaAdmin
 
     return KafkaAdmin(_own(settings), options)

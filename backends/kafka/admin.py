@@ -15,7 +15,7 @@ import asyncio
 import logging
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
@@ -47,7 +47,7 @@ LEGAL_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 _quiet = logging.getLogger("rafka.kafka.admin.librdkafka")
 _quiet.addHandler(logging.NullHandler())
 _quiet.propagate = False
-_POLL = 0.2  # seconds per consumer poll while reading partitions' ends
+_POLL = 0.02  # seconds per consumer poll while reading partitions' ends (consume() waits it out)
 
 
 def _code(error: BaseException) -> int | None:
@@ -151,15 +151,27 @@ class KafkaAdmin(Admin):
         return await asyncio.to_thread(self._describe, topic)
 
     def _describe(self, topic: str) -> TopicDescription:
-        metadata = self._topics().get(topic)
-        if metadata is None:
+        described = self._describe_many([topic])
+        if not described:
             raise UnknownTopicError(f"Topic '{topic}' does not exist.")
-        numbers = sorted(metadata.partitions)
-        offsets = self._offsets(topic, numbers)
-        next_of = {offset.partition: offset.next for offset in offsets}
-        return TopicDescription(
-            topic, tuple(offsets), self._config(topic), self._groups(topic, next_of)
-        )
+        return described[0]
+
+    async def describe_many(self, topics: Sequence[str]) -> list[TopicDescription]:
+        """One topic listing and one offsets request per group for all of `topics`."""
+        for topic in topics:
+            _check_name(topic)
+        return await asyncio.to_thread(self._describe_many, list(topics))
+
+    def _describe_many(self, topics: list[str]) -> list[TopicDescription]:
+        metadata = self._topics()
+        present = [topic for topic in topics if topic in metadata]
+        offsets = {t: self._offsets(t, sorted(metadata[t].partitions)) for t in present}
+        next_of = {topic: {o.partition: o.next for o in offsets[topic]} for topic in present}
+        groups = self._groups(next_of)
+        return [
+            TopicDescription(topic, tuple(offsets[topic]), self._config(topic), groups[topic])
+            for topic in present
+        ]
 
     def _offsets(self, topic: str, numbers: list[int]) -> list[TopicPartitionOffsets]:
         config = {
@@ -168,6 +180,9 @@ class KafkaAdmin(Admin):
             "enable.auto.commit": False,
             "enable.partition.eof": True,
             "auto.offset.reset": "latest",
+            # The end of a partition is a fetch that finds nothing: do not let the broker
+            # hold it (500 ms by default) before it answers.
+            "fetch.wait.max.ms": 10,
         }
         try:
             consumer = RdConsumer(config, logger=_quiet)
@@ -235,14 +250,24 @@ class KafkaAdmin(Admin):
             }
         )
 
-    def _groups(self, topic: str, next_of: Mapping[int, int]) -> tuple[GroupOffsets, ...]:
+    def _groups(
+        self, next_of: Mapping[str, Mapping[int, int]]
+    ) -> dict[str, tuple[GroupOffsets, ...]]:
+        """Per topic (of `next_of`: topic -> partition -> next offset), every group's
+        committed offsets and lag: one listing of the groups, one request per group."""
+        rows: dict[str, list[GroupOffsets]] = {topic: [] for topic in next_of}
+        partitions = [
+            TopicPartition(topic, number)
+            for topic, ends in next_of.items()
+            for number in sorted(ends)
+        ]
+        if not partitions:
+            return {topic: () for topic in next_of}
         admin = self._admin()
         try:
             listed = admin.list_consumer_groups(request_timeout=self._timeout).result()
         except KafkaException as error:
             raise AdminError(f"cannot list the consumer groups: {_text(error)}") from None
-        rows: list[GroupOffsets] = []
-        partitions = [TopicPartition(topic, number) for number in sorted(next_of)]
         for group in sorted(g.group_id for g in listed.valid):
             request = ConsumerGroupTopicPartitions(group, partitions)
             try:
@@ -255,9 +280,12 @@ class KafkaAdmin(Admin):
                 ) from None
             for committed in result.topic_partitions or ():
                 if committed.offset >= 0 and committed.error is None:
-                    lag = max(0, next_of.get(committed.partition, 0) - committed.offset)
-                    rows.append(GroupOffsets(group, committed.partition, committed.offset, lag))
-        return tuple(rows)
+                    ends = next_of.get(committed.topic, {})
+                    lag = max(0, ends.get(committed.partition, 0) - committed.offset)
+                    rows.setdefault(committed.topic, []).append(
+                        GroupOffsets(group, committed.partition, committed.offset, lag)
+                    )
+        return {topic: tuple(rows[topic]) for topic in next_of}
 
     async def close(self) -> None:
         self._closed = True

@@ -163,6 +163,44 @@ class KafkaConsumer(Consumer):
         item = self._take()
         return None if item is None else self._hand_out(item)
 
+    def take_ready(self, limit: int) -> list[Record]:
+        if self._closing or time.monotonic() - self._fetched_at >= REFRESH:
+            return []  # a stale buffer first serves pending rebalances (next())
+        return self._take_many(limit, [])
+
+    async def next_batch(self, limit: int, timeout: float | None) -> list[Record]:
+        ready = self.take_ready(limit)
+        if ready:
+            return ready
+        first = await self.next(timeout)
+        if first is None:
+            return []
+        return self._take_many(limit - 1, [first])
+
+    def _take_many(self, limit: int, records: list[Record]) -> list[Record]:
+        """Up to `limit` buffered records after `records`, under one lock. A failure is
+        raised only when it comes before any record; otherwise it stays first in the
+        buffer, for the next call."""
+        failure: _Failure | None = None
+        taken = 0
+        with self._lock:
+            buffer = self._buffer
+            while buffer and taken < limit:
+                item = buffer[0]
+                if isinstance(item, _Failure):
+                    if not records:
+                        failure = item
+                        buffer.popleft()
+                    break
+                buffer.popleft()
+                records.append(item)
+                taken += 1
+        if failure is not None:
+            raise ConsumeError(failure.text)
+        if taken:
+            self._stats.incr(Stats.CONSUMED, taken)
+        return records
+
     def _take(self) -> Record | _Failure | None:
         with self._lock:
             return self._buffer.popleft() if self._buffer else None

@@ -22,7 +22,7 @@ import structlog
 from confluent_kafka import KafkaError, KafkaException, Message
 from confluent_kafka import Producer as RdProducer
 
-from backends.base import ProduceError, Producer, ProducerCreationError, Stats
+from backends.base import ProduceError, Producer, ProducerCreationError, QueueFullError, Stats
 from backends.kafka.texts import creation_error_text, error_text
 from backends.settings import redacted
 
@@ -54,6 +54,11 @@ class SharedProducer:
         # them: the poll thread, or close() once that thread has ended.
         self.settled: dict[ProducerHandle, int] = {}
         self._failed = 0
+        # Batches of settled records so far, and who waits for the next one (handles
+        # refused with `Local: Queue full`): room in librdkafka's queue comes with them.
+        self.generation = 0
+        self._room_lock = threading.Lock()
+        self._room_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         self._stopping = threading.Event()
         self._thread = threading.Thread(
             target=self._serve, name="rafka-kafka-producer-poll", daemon=True
@@ -95,6 +100,28 @@ class SharedProducer:
             self._stats.incr(Stats.DELIVERY_ERRORS, failed)
         for handle, count in batch:
             handle.settle(count)
+        with self._room_lock:
+            self.generation += 1
+            waiters, self._room_waiters = self._room_waiters, []
+        for loop, future in waiters:
+            with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits
+                loop.call_soon_threadsafe(_wake, future)
+
+    async def wait_for_room(self, since: int, timeout: float) -> None:
+        """Return once a batch settled after generation `since`, or after `timeout`."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        with self._room_lock:
+            if self.generation != since:
+                return
+            waiter = (loop, future)
+            self._room_waiters.append(waiter)
+        try:
+            await asyncio.wait((future,), timeout=max(timeout, 0.0))
+        finally:
+            with self._room_lock:
+                if waiter in self._room_waiters:
+                    self._room_waiters.remove(waiter)
 
     def _on_error(self, error: KafkaError) -> None:
         text = error.str()
@@ -141,17 +168,20 @@ class ProducerHandle(Producer):
         self._rd_produce = shared.rd.produce
         self._settled = shared.settled
         self._delivery_cb = self._on_delivery
+        self._refused_at = 0  # the shared producer's generation at the last Queue full
 
     def produce(self, topic: str, key: bytes | None, value: bytes) -> None:
         if self._closed:
             raise ProduceError(CLOSED)
         with self._lock:  # count first: the poll thread may deliver before we return
             self._outstanding += 1
+        refused_at = self._shared.generation
         try:
             self._rd_produce(topic, value, key, on_delivery=self._delivery_cb)
         except _REFUSALS as exc:
             self.settle(1)
-            raise _refusal(exc) from None
+            self._refused_at = refused_at
+            raise _refusal(exc, 0) from None
         self._stats.incr(Stats.PRODUCED)
 
     def produce_many(self, topic: str, key: bytes | None, values: Sequence[bytes]) -> int:
@@ -165,6 +195,7 @@ class ProducerHandle(Producer):
             self._outstanding += count
         rd_produce, on_delivery = self._rd_produce, self._delivery_cb
         enqueued = 0
+        refused_at = self._shared.generation
         try:
             for enqueued, value in enumerate(values):  # noqa: B007 (read on refusal)
                 rd_produce(topic, value, key, on_delivery=on_delivery)
@@ -173,7 +204,8 @@ class ProducerHandle(Producer):
             self.settle(count - enqueued)
             if enqueued:
                 self._stats.incr(Stats.PRODUCED, enqueued)
-            raise _refusal(exc) from None
+            self._refused_at = refused_at
+            raise _refusal(exc, enqueued) from None
         self._stats.incr(Stats.PRODUCED, count)
         return count
 
@@ -188,6 +220,9 @@ class ProducerHandle(Producer):
             # RuntimeError: that loop is closed, so nobody is waiting any more.
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(_wake, future)
+
+    async def wait_for_room(self, timeout: float) -> None:
+        await self._shared.wait_for_room(self._refused_at, timeout)
 
     def outstanding(self) -> int:
         with self._lock:
@@ -229,10 +264,10 @@ class ProducerHandle(Producer):
         return left
 
 
-def _refusal(exc: Exception) -> ProduceError:
-    """The ProduceError for what librdkafka's produce() raised."""
+def _refusal(exc: Exception, enqueued: int) -> ProduceError:
+    """The ProduceError for what librdkafka's produce() raised, after `enqueued` values."""
     if isinstance(exc, BufferError):
-        return ProduceError(QUEUE_FULL)
+        return QueueFullError(QUEUE_FULL, enqueued)
     if isinstance(exc, KafkaException):
         return ProduceError(error_text(exc))
     return ProduceError(str(exc))

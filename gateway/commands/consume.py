@@ -1,4 +1,4 @@
-"""The consuming side: BLPOP (consume one record) and RPUSH acks (store offsets)."""
+"""The consuming side: BLPOP (one record), BLMPOP (a batch) and RPUSH acks (store offsets)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from backends.settings import JsonNumber, json_decoder
 from gateway import errors
 from gateway.commands.base import Answer, Reply, arg, text
 from gateway.goparse import GoParseError, parse_int, wrap_int64
-from gateway.resp import NULL_ARRAY
+from gateway.resp import NULL_ARRAY, Encoded
 from gateway.session import Session
 
 log = structlog.get_logger("rafka.gateway.consume")
@@ -97,29 +97,120 @@ def record_reply(record: Record) -> Reply:
     ]
 
 
+# A BLPOP record up to its value, in RESP (the same in RESP2 and RESP3).
+_RECORD_HEAD = (
+    b"*8\r\n$5\r\ntopic\r\n$%d\r\n%b\r\n$9\r\npartition\r\n:%d\r\n"
+    b"$6\r\noffset\r\n:%d\r\n$5\r\nvalue\r\n"
+)
+
+
+def batch_reply(key: bytes, records: Sequence[Record], protocol: int) -> Reply:
+    """BLMPOP's reply: Redis's `[key, [element, ...]]`, each element a BLPOP record
+    (record_reply's bytes), encoded in one pass: the per-record cost of a batch."""
+    null = b"_\r\n" if protocol >= 3 else b"$-1\r\n"
+    parts = [b"*2\r\n$%d\r\n%b\r\n*%d\r\n" % (len(key), key, len(records))]
+    append, head = parts.append, _RECORD_HEAD
+    topics: dict[str, bytes] = {}
+    for record in records:
+        topic = topics.get(record.topic)
+        if topic is None:
+            topic = topics[record.topic] = record.topic.encode()
+        append(head % (len(topic), topic, record.partition, record.offset))
+        value = record.value
+        append(null if value is None else b"$%d\r\n%b\r\n" % (len(value), value))
+    return Encoded(b"".join(parts))
+
+
 def blpop(session: Session, args: list[bytes]) -> Answer:
     """BLPOP topics:<t1,t2>[:<json>] [...] <timeout>, in Rafka's processing order."""
+    key = arg(args, 1)
+    topics, settings = parse_topics_key(text(key))
+    timeout = parse_timeout(args[-1], session.ctx.config.blpop_default_timeout)
+    return _consume(session, topics, settings, timeout, None, key)
+
+
+def parse_blmpop(args: list[bytes]) -> tuple[float | None, bytes, int]:
+    """`BLMPOP timeout numkeys key [key ...] LEFT|RIGHT [COUNT n]` -> (seconds or None
+    for forever, the first key, count); Redis's checks and texts, then RIGHT refused."""
+    if len(args) < 5:
+        raise errors.wrong_arity("blmpop")
+    raw = args[1].decode("latin-1")
+    if not _NUMBER.fullmatch(raw.strip()):
+        raise errors.timeout_not_a_float()
+    seconds = float(raw)
+    if seconds < 0:
+        raise errors.timeout_negative()
+    try:
+        numkeys = int(args[2])
+    except ValueError:
+        raise errors.numkeys_not_positive() from None
+    if numkeys <= 0:
+        raise errors.numkeys_not_positive()
+    rest = args[3 + numkeys :]
+    if not rest or len(rest) not in (1, 3):
+        raise errors.syntax_error()
+    where = rest[0].upper()
+    if where not in (b"LEFT", b"RIGHT"):
+        raise errors.syntax_error()
+    count = 1
+    if len(rest) == 3:
+        if rest[1].upper() != b"COUNT":
+            raise errors.syntax_error()
+        try:
+            count = int(rest[2])
+        except ValueError:
+            raise errors.count_not_positive() from None
+        if count <= 0:
+            raise errors.count_not_positive()
+    if where == b"RIGHT":
+        raise errors.blmpop_right()
+    timeout = None if seconds == 0 or math.isinf(seconds) else seconds
+    return timeout, args[3], count
+
+
+def blmpop(session: Session, args: list[bytes]) -> Answer:
+    """BLMPOP <timeout> <numkeys> topics:<t1,t2>[:<json>] [...] LEFT [COUNT n]: up to n
+    records in one reply. The first key counts (as BLPOP's); then as BLPOP."""
+    timeout, key, count = parse_blmpop(args)
+    topics, settings = parse_topics_key(text(key))
+    return _consume(session, topics, settings, timeout, count, key)
+
+
+def _consume(
+    session: Session,
+    topics: list[str],
+    settings: dict[str, object] | None,
+    timeout: float | None,
+    count: int | None,
+    key: bytes,
+) -> Answer:
+    """BLPOP (count None: one record) or BLMPOP (up to count), after the key's parsing."""
     ctx = session.ctx
-    topics, settings = parse_topics_key(text(arg(args, 1)))
-    timeout = parse_timeout(args[-1], ctx.config.blpop_default_timeout)
     if ctx.shutting_down:
         raise errors.server_shutdown()
     if not session.name_set:
         raise errors.not_ready()
     consumer_id = f"{session.id}|{','.join(topics)}"
-    if session.consumer is not None:
-        if consumer_id != session.consumer_id:
-            assert session.consumer_id is not None
-            raise errors.consumer_exclusive(session.id, session.consumer_id, consumer_id)
-        # Same topics: reuse; a later BLPOP's JSON settings are ignored, as in Rafka.
-        try:
-            ready = session.consumer.next_ready()
-        except ConsumeError as error:
-            raise errors.from_engine(error) from None
-        if ready is not None:  # answered in this pass: no task, no wake-up
-            return record_reply(ready)
-        return _next(session, session.consumer, timeout)
-    return _create_then_next(session, topics, settings or {}, consumer_id, timeout)
+    consumer = session.consumer
+    if consumer is None:
+        return _create_then_next(session, topics, settings or {}, consumer_id, timeout, count, key)
+    if consumer_id != session.consumer_id:
+        assert session.consumer_id is not None
+        raise errors.consumer_exclusive(session.id, session.consumer_id, consumer_id)
+    # Same topics: reuse; a later BLPOP's JSON settings are ignored, as in Rafka.
+    # Records the consumer already holds are answered in this pass: no task, no wake-up.
+    try:
+        if count is None:
+            ready = consumer.next_ready()
+            if ready is not None:
+                return record_reply(ready)
+        else:
+            batch = consumer.take_ready(count)
+            if batch:
+                return batch_reply(key, batch, session.protocol)
+    except ConsumeError as error:
+        raise errors.from_engine(error) from None
+    return _next(session, consumer, timeout, count, key)
 
 
 async def _create_then_next(
@@ -128,6 +219,8 @@ async def _create_then_next(
     settings: Mapping[str, object],
     consumer_id: str,
     timeout: float | None,
+    count: int | None,
+    key: bytes,
 ) -> Reply:
     ctx = session.ctx
     failed = errors.consumer_registration_failed(consumer_id, session.id)
@@ -149,7 +242,7 @@ async def _create_then_next(
     session.consumer = consumer
     session.consumer_id = consumer_id
     log.info("consumer registered", consumer=consumer_id, topics=list(topics))
-    return await _next(session, consumer, timeout)
+    return await _next(session, consumer, timeout, count, key)
 
 
 def _close_orphan(creation: asyncio.Future[Consumer]) -> None:
@@ -164,11 +257,17 @@ def _close_orphan(creation: asyncio.Future[Consumer]) -> None:
 _ORPHAN_CLOSES: set[asyncio.Future[None]] = set()
 
 
-async def _next(session: Session, consumer: Consumer, timeout: float | None) -> Reply:
+async def _next(
+    session: Session, consumer: Consumer, timeout: float | None, count: int | None, key: bytes
+) -> Reply:
     stop = session.ctx.shutdown_started
     if stop.done():
         raise errors.server_shutdown()
-    wait = asyncio.ensure_future(consumer.next(timeout))
+    wait: asyncio.Future[Record | None] | asyncio.Future[list[Record]]
+    if count is None:
+        wait = asyncio.ensure_future(consumer.next(timeout))
+    else:
+        wait = asyncio.ensure_future(consumer.next_batch(count, timeout))
 
     def stop_waiting(_: object) -> None:
         # Does nothing when the record is already there: a record that arrived together
@@ -179,7 +278,7 @@ async def _next(session: Session, consumer: Consumer, timeout: float | None) -> 
     # outcome with less machinery per BLPOP.
     stop.add_done_callback(stop_waiting)
     try:
-        record = await wait
+        got = await wait
     except asyncio.CancelledError:
         task = asyncio.current_task()
         if not wait.cancelled() or (task is not None and task.cancelling()):
@@ -189,9 +288,11 @@ async def _next(session: Session, consumer: Consumer, timeout: float | None) -> 
         raise errors.from_engine(error) from None
     finally:
         stop.remove_done_callback(stop_waiting)
-    if record is None:
+    if not got:
         return NULL_ARRAY
-    return record_reply(record)
+    if isinstance(got, list):
+        return batch_reply(key, got, session.protocol)
+    return record_reply(got)
 
 
 # --- RPUSH acks ----------------------------------------------------------------------------

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from backends.base import ProduceError, Producer, ProducerCreationError
+import asyncio
+from collections.abc import Sequence
+
+from backends.base import ProduceError, Producer, ProducerCreationError, QueueFullError
 from gateway import errors
 from gateway.commands.base import Answer, Reply, text
 from gateway.goparse import GoParseError, parse_int
@@ -38,7 +41,7 @@ def _target(raw: bytes) -> tuple[str, bytes | None]:
     return target
 
 
-def rpushx(session: Session, args: list[bytes]) -> Reply:
+def rpushx(session: Session, args: list[bytes]) -> Answer:
     """RPUSHX <prefix>:<topic>[:<key>] <message> [<message> ...] -> messages enqueued."""
     count = len(args) - 2
     if count < 1:
@@ -53,9 +56,44 @@ def rpushx(session: Session, args: list[bytes]) -> Reply:
         else:
             # On a refusal the values before it stay enqueued, as with one call each.
             producer.produce_many(topic, key, args[2:])
+    except QueueFullError as full:
+        bound = session.ctx.config.produce_block_timeout
+        if bound <= 0:
+            raise errors.from_engine(full) from None
+        session.stop_reading = True
+        return _when_room(session, producer, topic, key, args[2 + full.enqueued :], count)
     except ProduceError as error:
         raise errors.from_engine(error) from None
     return count
+
+
+async def _when_room(
+    session: Session,
+    producer: Producer,
+    topic: str,
+    key: bytes | None,
+    values: Sequence[bytes],
+    count: int,
+) -> Reply:
+    """Backpressure, as Kafka's producers block up to max.block.ms: queue the rest of the
+    values as room comes (the connection reads nothing meanwhile); after
+    `produce_block_timeout` without room, Rafka's `PROD Local: Queue full`."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + session.ctx.config.produce_block_timeout
+    try:
+        while True:
+            await producer.wait_for_room(deadline - loop.time())
+            try:
+                producer.produce_many(topic, key, values)
+                return count
+            except QueueFullError as full:
+                values = values[full.enqueued :]
+                if loop.time() >= deadline:
+                    raise errors.from_engine(full) from None
+            except ProduceError as error:
+                raise errors.from_engine(error) from None
+    finally:
+        session.stop_reading = False
 
 
 def dump(session: Session, args: list[bytes]) -> Answer:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.commands import admin, connection, consume, introspection, produce, read
+from gateway.commands import admin, connection, consume, introspection, produce, push, read
 from gateway.commands.base import Argument, CommandSpec, Reply
 from gateway.session import Session
 
@@ -24,6 +24,21 @@ _SPECS = (
         first_key=1,
         last_key=1,
         key_step=1,
+    ),
+    CommandSpec(
+        "BLMPOP",
+        consume.blmpop,
+        -5,
+        ("write", "blocking"),
+        "Consume up to n records: BLMPOP <timeout> 1 topics:<t1,t2>[:<json>] LEFT COUNT <n>",
+        "list",
+        (
+            Argument("timeout", "double"),
+            Argument("numkeys", "integer"),
+            Argument("key", "key", multiple=True),
+            Argument("where"),
+            Argument("count", "integer", optional=True, token="COUNT"),
+        ),
     ),
     CommandSpec(
         "RPUSH",
@@ -122,6 +137,15 @@ _SPECS = (
         ("admin", "noscript"),
         "Stream every command the server receives",
         "server",
+    ),
+    CommandSpec(
+        "RAFKA.PUSH",
+        push.push,
+        -2,
+        ("admin",),
+        "HTTP push subscriptions: RAFKA.PUSH ADD <json> | LIST | REMOVE <name>",
+        "server",
+        (Argument("subcommand"), Argument("arg", optional=True)),
     ),
     CommandSpec(
         "PING",

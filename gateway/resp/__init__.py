@@ -16,6 +16,7 @@ from gateway.resp.fastpath import HiredisRequestParser, make_parser
 from gateway.resp.inline import split_inline
 from gateway.resp.replies import (
     NULL_ARRAY,
+    Encoded,
     ErrorReply,
     Reply,
     SimpleString,
@@ -27,6 +28,7 @@ from gateway.resp.requests import ParserLimits, PythonRequestParser, RequestPars
 
 __all__ = [
     "NULL_ARRAY",
+    "Encoded",
     "ErrorReply",
     "HiredisRequestParser",
     "ParserLimits",

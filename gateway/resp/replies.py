@@ -27,6 +27,13 @@ class ErrorReply:
     text: str
 
 
+class Encoded(bytes):
+    """A reply already in RESP, framed for the connection's protocol by the one who made
+    it (e.g. a batch of consumed records, encoded in one pass): written as it is."""
+
+    __slots__ = ()
+
+
 class _NullArray:
     __slots__ = ()
 
@@ -47,6 +54,7 @@ Reply: TypeAlias = (
     | bytes
     | str
     | SimpleString
+    | Encoded
     | ErrorReply
     | list[Any]
     | tuple[Any, ...]
@@ -74,6 +82,8 @@ def _encode_into(reply: Any, resp3: bool, out: list[bytes]) -> None:
         out.append(b"$%d\r\n%b\r\n" % (len(reply), reply))
     elif kind is int:
         out.append(b":%d\r\n" % reply)
+    elif kind is Encoded:
+        out.append(reply)
     elif kind is list or kind is tuple:
         out.append(b"*%d\r\n" % len(reply))
         for item in reply:

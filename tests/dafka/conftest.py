@@ -1,17 +1,23 @@
-"""Fixtures of the Dafka engine tests: a fresh inproc tower per test, loopback only."""
+"""Fixtures of the Dafka engine tests: a fresh inproc tower per test, loopback only; a
+store, and a test peer linked to it, for the store tests; consumers for the consumer
+tests."""
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import zmq
 
 from backends.dafka.config import Config
+from backends.dafka.consumer import Consumer, DafkaRecord
+from backends.dafka.store import Store
 from backends.dafka.test_peer import TestPeer
 from backends.dafka.tower import Tower
+from tests.dafka.consumers import ConsumerFactory
+from tests.dafka.stores import link, store_records
 
 
 def make_config(tmp_path: Path) -> Config:
@@ -42,18 +48,54 @@ def dafka_config(tmp_path: Path) -> Config:
 @pytest.fixture
 def tower(dafka_config: Config) -> Iterator[Tower]:
     """A running tower on the inproc endpoints of `dafka_config` (shared context)."""
-    tower = Tower(dafka_config, zmq.Context.instance())
-    try:
+    with Tower(dafka_config, zmq.Context.instance()) as tower:
         yield tower
-    finally:
-        tower.close()
 
 
 @pytest.fixture
 def test_peer(dafka_config: Config, tower: Tower) -> Iterator[TestPeer]:
     """A fake node on the test's tower (spec §8)."""
-    peer = TestPeer(dafka_config, zmq.Context.instance())
-    try:
+    with TestPeer(dafka_config, zmq.Context.instance()) as peer:
         yield peer
-    finally:
-        peer.close()
+
+
+@pytest.fixture
+def store_config(dafka_config: Config) -> Config:
+    dafka_config.set("store/fetch_retry_interval", 100)
+    return dafka_config
+
+
+@pytest.fixture
+def store(store_config: Config, tower: Tower) -> Iterator[Store]:
+    with Store(store_config, zmq.Context.instance()) as running:
+        yield running
+
+
+@pytest.fixture
+def linked(test_peer: TestPeer, store: Store) -> TestPeer:
+    link(test_peer, store)
+    store_records(test_peer, "sentinel", [b"end"])
+    return test_peer
+
+
+@pytest.fixture
+def make_consumer(dafka_config: Config, tower: Tower) -> Iterator[ConsumerFactory]:
+    """Consumers on the test's tower (`reset` = consumer/offset/reset), closed at the end."""
+    made: list[Consumer] = []
+
+    def make(
+        reset: str = "earliest",
+        sink: Callable[[DafkaRecord], object] | None = None,
+        **values: str | int,
+    ) -> Consumer:
+        config = dafka_config.copy()
+        config.set("consumer/offset/reset", reset)
+        for key, value in values.items():
+            config.set(key, value)
+        consumer = Consumer(config, zmq.Context.instance(), sink=sink)
+        made.append(consumer)
+        return consumer
+
+    yield make
+    for consumer in made:
+        consumer.close()

@@ -11,10 +11,11 @@ import zmq
 from backends.dafka.catalog import TOPICS_TOPIC, Catalog, TopicEntry, created, deleted
 from backends.dafka.config import Config
 from backends.dafka.storage import Retention, Storage
-from backends.dafka.store import RetentionPolicy, Store
+from backends.dafka.store import Store
+from backends.dafka.store.retention import RetentionPolicy
 from backends.dafka.test_peer import TestPeer
 from backends.dafka.tower import Tower
-from tests.dafka.test_store import direct_records_of, link, recv_until_ack, store_records
+from tests.dafka.stores import direct_records_of, link, recv_until_ack, store_records
 from tests.support.waiting import wait_until
 
 

@@ -492,3 +492,73 @@ async def test_reads_by_offset_move_no_group_position_nor_commit(
         stranger = await engine.consumer(new_group(), "c3", [topic], {})
         assert [r.value for r in await consume(stranger, 6)] == values
         await stranger.close()
+
+
+async def consume_batches(consumer: Consumer, count: int, limit: int) -> list[list[Record]]:
+    """next_batch(limit) until `count` records came within WAIT; fails saying what came."""
+    batches: list[list[Record]] = []
+    deadline = time.monotonic() + WAIT
+    while sum(map(len, batches)) < count:
+        remaining = deadline - time.monotonic()
+        batch = await consumer.next_batch(limit, remaining) if remaining > 0 else []
+        if not batch:
+            got = sum(map(len, batches))
+            pytest.fail(f"expected {count} records in batches within {WAIT}s, got {got}")
+        assert 1 <= len(batch) <= limit, f"a batch of {len(batch)} for a limit of {limit}"
+        batches.append(batch)
+    return batches
+
+
+@asyncio_test
+async def test_batches_keep_order_count_once_and_unacked_records_come_back(
+    engine_factory: EngineFactory,
+) -> None:
+    topic, group = engine_factory.new_topic(2), new_group()
+    keyed: list[Keyed] = [(key, key + b"-%d" % n) for n in range(6) for key in KEYS]  # 48
+    async with engine_factory.running() as engine:
+        first = await engine.consumer(group, "c1", [topic], {})
+        record, elapsed = await timed(first.next_batch(5, 0.3))
+        assert record == [], "a batch came from an empty topic"
+        assert 0.3 <= elapsed < 2, f"next_batch(5, 0.3) took {elapsed:.2f}s"
+        assert first.take_ready(5) == []
+
+        await produce_all(engine, topic, keyed)
+        records = [r for batch in await consume_batches(first, len(keyed), 10) for r in batch]
+        assert await first.next_batch(10, 0.3) == [], "a record was delivered twice"
+        assert sorted(r.value or b"" for r in records) == sorted(v for _, v in keyed)
+        assert engine.stats.get(Stats.CONSUMED) == len(keyed), "counted once per record"
+        for key in KEYS:
+            mine = [r.value for r in records if r.key == key]
+            assert mine == [v for k, v in keyed if k == key], f"order of key {key!r}"
+        for partition, handed_out in by_partition(records).items():
+            offsets = [r.offset for r in handed_out]
+            assert offsets == list(range(offsets[0], offsets[0] + len(offsets))), partition
+
+        # Ack the first half of each partition only: a new member gets the rest again.
+        unacked: set[bytes] = set()
+        for handed_out in by_partition(records).values():
+            half = len(handed_out) // 2
+            last_acked = handed_out[half - 1]
+            first.ack(last_acked.topic, last_acked.partition, last_acked.offset)
+            unacked.update(r.value or b"" for r in handed_out[half:])
+        await first.close()
+        second = await engine.consumer(group, "c2", [topic], {})
+        again = [r for batch in await consume_batches(second, len(unacked), 1000) for r in batch]
+        assert {r.value for r in again} == unacked, "the unacked records, and only them"
+
+        # A cancelled next_batch loses no record: they come out of the next calls, once.
+        late: list[Keyed] = [(KEYS[0], b"late-%d" % n) for n in range(3)]
+        await produce_all(engine, topic, late)
+        waiting = asyncio.create_task(second.next_batch(10, None))
+        await asyncio.sleep(0)
+        waiting.cancel()
+        try:
+            got = [r.value for r in await waiting]
+        except asyncio.CancelledError:
+            got = []
+        rest = [] if len(got) == 3 else await consume_batches(second, 3 - len(got), 10)
+        got += [r.value for batch in rest for r in batch]
+        assert got == [b"late-0", b"late-1", b"late-2"]
+        assert await second.next_batch(10, 0.3) == [], "a record was delivered twice"
+        await second.close()
+        assert await second.next_batch(10, 0.3) == [], "a closed consumer hands out nothing"

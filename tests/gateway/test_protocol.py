@@ -21,6 +21,7 @@ from redis.retry import Retry
 from backends.base import Stats
 from gateway import __version__
 from gateway.runner import ServerThread
+from gateway.stats import ServerStats
 from tests.support.engines import GATEWAY_ENGINES
 from tests.support.fixtures import GatewayConfig
 from tests.support.gateway import Raw, client, running
@@ -210,8 +211,9 @@ def test_hello_3_switches_every_reply_to_resp3(server: ServerThread) -> None:
             b"$7\r\nmodules\r\n*0\r\n"
         )
         raw.command("HGETALL", "stats")
-        raw.expect(b"%%%d\r\n" % len(Stats.COUNTERS + Stats.GAUGES))  # a RESP3 map
-        for _ in range(len(Stats.COUNTERS + Stats.GAUGES) * 2):
+        names = Stats.COUNTERS + ServerStats.COUNTERS + ServerStats.GAUGES
+        raw.expect(b"%%%d\r\n" % len(names))  # a RESP3 map
+        for _ in range(len(names) * 2):
             raw.read_reply()
         raw.command("HELLO", "4")
         raw.expect(b"-NOPROTO unsupported protocol version\r\n")
@@ -249,7 +251,7 @@ def test_redis_py_both_protocols(server: ServerThread) -> None:
 def test_command_introspection(server: ServerThread) -> None:
     with Raw(server.port) as raw:
         raw.command("COMMAND", "COUNT")
-        raw.expect(b":17\r\n")
+        raw.expect(b":19\r\n")
         raw.command("COMMAND", "INFO", "rpushx", "nosuch")
         raw.expect(
             b"*2\r\n*10\r\n$6\r\nrpushx\r\n:-3\r\n*2\r\n+write\r\n+fast\r\n"
@@ -259,6 +261,10 @@ def test_command_introspection(server: ServerThread) -> None:
         raw.expect(b"*2\r\n$5\r\nblpop\r\n*10\r\n$7\r\nsummary\r\n")
         assert raw.read_line().startswith(b"$")
         assert raw.read_line().startswith(b"Consume one record")
+    with Raw(server.port) as raw:
+        raw.command("COMMAND", "DOCS", "blmpop")
+        docs = raw.read_reply()
+        assert docs[0] == b"blmpop" and docs[1][1].startswith(b"Consume up to n records")
 
 
 def test_redis_cli_talks_to_the_gateway(server: ServerThread) -> None:

@@ -4,7 +4,6 @@ engine and on the Kafka engine (Tansu): the sequence is the gateway's, whatever 
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from collections.abc import Mapping, Sequence
 
@@ -13,9 +12,10 @@ import pytest
 from backends.base import Consumer, Engine, Producer, Record, Stats
 from gateway.config import Config
 from gateway.runner import ServerThread
+from gateway.stats import ServerStats
 from tests.support.engines import GATEWAY_ENGINES
 from tests.support.fixtures import EngineFactories, GatewayConfig
-from tests.support.gateway import Raw, client, configured_engine
+from tests.support.gateway import Raw, client, configured_engine, refused
 from tests.support.waiting import wait_until
 
 
@@ -71,14 +71,6 @@ def engine_for(config: Config) -> HoldingEngine:
     return HoldingEngine(configured_engine(config))
 
 
-def refused(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-    except ConnectionRefusedError:
-        return True
-    return False
-
-
 @pytest.fixture(params=["memory", *GATEWAY_ENGINES])
 def engine_name(request: pytest.FixtureRequest) -> str:
     name: str = request.param
@@ -131,11 +123,11 @@ def test_shutdown_sequence(  # A15, G1
         consumer.assert_closed()
         producer.assert_closed()
         assert refused(server.port)
-        stats = engine.stats.snapshot()
+        stats = server.server.ctx.stats.snapshot()
         # Every record was delivered before the engine stopped: nothing left unflushed.
         assert stats[Stats.UNFLUSHED] == 0
         assert stats[Stats.DELIVERED] == 2
-        assert stats[Stats.CONNECTIONS_CURRENT] == 0
+        assert stats[ServerStats.CONNECTIONS_CURRENT] == 0
     finally:
         server.stop()
 

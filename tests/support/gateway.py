@@ -37,6 +37,15 @@ def group_state(admin: AdminClient, group: str) -> ConsumerGroupState:
     return state
 
 
+def refused(port: int) -> bool:
+    """Nothing listens on 127.0.0.1:`port` any more."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
 def client(server: ServerThread, **kwargs: Any) -> redis.Redis:
     return redis.Redis(host="127.0.0.1", port=server.port, socket_timeout=30, **kwargs)
 

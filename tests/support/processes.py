@@ -17,6 +17,35 @@ def pid_gone(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
 
 
+def children(pid: int) -> set[int]:
+    """The pids of a process's children (e.g. a gateway's tower and stores)."""
+    found: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        text = (task / "children").read_text().split()
+        found.update(int(child) for child in text)
+    return found
+
+
+def child_running(pid: int, argument: str) -> int | None:
+    """The pid of a running child of `pid` whose command line has `argument`, if any."""
+    for child in children(pid):
+        try:
+            argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if argument.encode() in argv and not pid_gone(child):
+            return child
+    return None
+
+
+def vm_rss_kib(pid: int) -> int:
+    """The resident memory of `pid` (VmRSS in /proc/<pid>/status), in KiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise ValueError(f"no VmRSS for pid {pid}")
+
+
 def listening_addresses(pid: int) -> set[tuple[str, int]]:
     """The (address, port) pairs on which `pid` has a listening TCP socket (IPv4 and IPv6)."""
     inodes = set()

@@ -6,6 +6,7 @@ import json
 import signal
 import socket
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from backends.process import Child, start
@@ -27,18 +28,22 @@ def port_answers_ping(port: int) -> bool:
 
 class RafkaProcess:
     """`rafka -c <file> -p <port>` as a child process (dies with the test run), stopped
-    with SIGTERM."""
+    with SIGTERM. `wrapper`: a command that ends by exec'ing its arguments (so the pid
+    stays rafka's), e.g. one that mounts something in a namespace of its own first."""
 
-    def __init__(self, config_path: Path, port: int | None = None, *args: str) -> None:
+    def __init__(
+        self, config_path: Path, port: int | None = None, *args: str, wrapper: Sequence[str] = ()
+    ) -> None:
         self.port = port or free_port()
         self.config_path = config_path
         self.args = args
+        self.wrapper = list(wrapper)
         self.child: Child | None = None
 
     def start(self) -> None:
         argv = [str(RAFKA), "-c", str(self.config_path), "--host", "127.0.0.1"]
         self.child = start(
-            [*argv, "-p", str(self.port), *self.args],
+            [*self.wrapper, *argv, "-p", str(self.port), *self.args],
             name="rafka",
             ready=lambda: port_answers_ping(self.port),
             timeout=20,

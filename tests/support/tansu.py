@@ -82,12 +82,14 @@ class TansuBroker:
             process.kill()
             process.wait()
 
-    def create_topic(self, partitions: int = 4, timeout: float = 10.0) -> str:
-        """A fresh topic `r-<6 hex>` (Rafka's test naming), returned once the broker lists it
-        with all its partitions."""
+    def create_topic(
+        self, partitions: int = 4, timeout: float = 10.0, name: str | None = None
+    ) -> str:
+        """A fresh topic `r-<6 hex>` (Rafka's test naming) or `name`, returned once the
+        broker lists it with all its partitions."""
         from confluent_kafka.admin import AdminClient, NewTopic
 
-        name = f"r-{secrets.token_hex(3)}"
+        name = name or f"r-{secrets.token_hex(3)}"
         admin = AdminClient({"bootstrap.servers": self.bootstrap})
         admin.create_topics([NewTopic(name, num_partitions=partitions)])[name].result(timeout)
         deadline = time.monotonic() + timeout

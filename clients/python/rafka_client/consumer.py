@@ -1,7 +1,9 @@
-"""The consumer: a member of a consumer group, BLPOP for records, RPUSH acks to commit."""
+"""The consumer: a member of a consumer group, BLMPOP (or BLPOP) for records, RPUSH acks
+to commit."""
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import time
@@ -20,6 +22,8 @@ log = logging.getLogger("rafka_client.consumer")
 
 SHUTDOWN = "CONS Server shutdown"  # the gateway is stopping: reconnect, as rafka-rb does
 SMALLEST_WAIT = 0.001  # seconds: BLPOP's 0 would mean "forever"
+# How a server without BLMPOP (Redis before 7.0, an older gateway) refuses it.
+NO_BLMPOP = ("unknown command", "Command not supported")
 Partition = tuple[str, int]
 
 
@@ -49,7 +53,11 @@ class Consumer:
 
     `overrides` are the consumer settings sent in the BLPOP key (e.g.
     `{"auto.offset.reset": "earliest"}`); the gateway applies them when it creates this
-    member's consumer. Not thread-safe: one consumer per thread.
+    member's consumer. `batch`: records fetched per round trip from a rafka gateway, with
+    `BLMPOP ... COUNT batch` (1: one BLPOP per record); the others wait in the consumer
+    until `poll()` returns them, and their acks go with the next round trip. A plain Redis
+    (and a gateway without BLMPOP) gets one BLPOP per record. Not thread-safe: one
+    consumer per thread.
     """
 
     def __init__(
@@ -63,6 +71,7 @@ class Consumer:
         protocol: int = 3,
         auto_ack: bool = True,
         poll_timeout: float = 1.0,
+        batch: int = 100,
         backoff: tuple[float, float] = (0.05, 2.0),
         reconnect_timeout: float | None = 60.0,
         socket_timeout: float | None = 30.0,
@@ -74,6 +83,8 @@ class Consumer:
         wait between reconnection attempts, seconds; `reconnect_timeout`: give up
         (ConnectionLost) after that long without a connection (None: never)."""
         names = [topics] if isinstance(topics, str) else list(topics)
+        if batch < 1:
+            raise ValueError(f"batch is at least 1, got {batch!r}")
         if not group or ":" in group:
             raise ValueError(f"a group is not empty and has no ':', got {group!r}")
         if not name or any(c.isspace() for c in name):
@@ -82,6 +93,7 @@ class Consumer:
             raise ValueError(f"topics are not empty and have no ':' or ',', got {topics!r}")
         self.group, self.name, self.topics = group, name, tuple(names)
         self.auto_ack = auto_ack
+        self.batch = batch
         self.poll_timeout = poll_timeout
         self._backoff = backoff
         self._reconnect_timeout = reconnect_timeout
@@ -102,8 +114,11 @@ class Consumer:
         )
         self._pending: dict[Partition, int] = {}  # acks not sent: partition -> offset
         self._handed: set[Partition] = set()  # partitions handed out on this connection
-        self._stash: list[Record] = []  # received but not returned yet (an ack failed)
+        # Received but not returned yet (the rest of a batch; a record whose acks failed).
+        self._stash: collections.deque[Record] = collections.deque()
         self._double_offsets: dict[str, int] = {}
+        self._server_checked = 0  # the connection (Link.connects) _rafka is about
+        self._rafka = False
         self._session = 0  # the connection the state above belongs to
         self._closed = False
         self.reconnects = 0
@@ -139,15 +154,17 @@ class Consumer:
     def poll(self, timeout: float | None = 1.0) -> Record | None:
         """The next record, or None after `timeout` seconds (None: wait until one comes).
 
-        Sends the pending acks first, in the same round trip; raises AckError when the
-        gateway refused them (the record received with them is kept for the next call),
+        Returns a record of the last batch received while there is one; otherwise sends
+        the pending acks and asks for the next batch in the same round trip. Raises
+        AckError when the gateway refused the acks (the records received with them are
+        kept for the next calls),
         ConsumeError for any other refusal, ConnectionLost when reconnecting failed.
         """
         if self._closed:
             raise ConsumeError("consumer closed")
         self._check_session()
         if self._stash:
-            return self._stash.pop(0)
+            return self._stash.popleft()
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             wait = None if deadline is None else max(deadline - time.monotonic(), 0.0)
@@ -164,10 +181,19 @@ class Consumer:
             # pipeline reconnect and send them to a session they do not belong to.
             raise _Lost("not connected")
         acks = self._ack_arguments()
+        try:
+            batched = self._batching()
+        except (ConnectionError, RedisTimeout) as error:
+            raise _Lost(str(error)) from error
         commands: list[Command] = []
         if acks:
             commands.append(("RPUSH", "acks", *acks))
-        commands.append(("BLPOP", *self._keys, "0" if wait is None else _seconds(wait)))
+        seconds = "0" if wait is None else _seconds(wait)
+        if batched:
+            count = ("LEFT", "COUNT", self.batch)
+            commands.append(("BLMPOP", seconds, len(self._keys), *self._keys, *count))
+        else:
+            commands.append(("BLPOP", *self._keys, seconds))
         try:
             replies = self._link.pipeline(
                 commands, timeout=None if wait is None else wait + self._grace
@@ -177,37 +203,88 @@ class Consumer:
         except (ConnectionError, RedisTimeout) as error:
             raise _Lost(str(error)) from error
         self._check_session()
+        if acks:
+            self._pending.clear()
         popped = replies[-1]
         if isinstance(popped, ResponseError):
             if str(popped) == SHUTDOWN:
                 raise _Lost(SHUTDOWN)
+            if batched and str(popped).startswith(NO_BLMPOP):
+                log.info("the gateway has no BLMPOP, BLPOP from now on: %s", popped)
+                self.batch = 1
+                self._after_acks(replies, acks, [])
+                return self._pop(wait)
             raise ConsumeError(str(popped))
         self._lost_since, self._delay = None, 0.0  # a session that works
-        record = self._record(popped)
-        if acks:
-            self._pending.clear()
-            refused = replies[0]
-            if isinstance(refused, ResponseError):
-                if record is not None:
-                    self._stash.append(record)
-                raise AckError(str(refused))
-        return record
+        records = self._records(popped) if batched else self._blpop_records(popped)
+        return self._after_acks(replies, acks, records)
 
-    def _record(self, reply: Any) -> Record | None:
+    def _batching(self) -> bool:
+        """Whether to ask for batches (BLMPOP) on this connection: only a rafka gateway,
+        asked once per connection with `HELLO` (no arguments: nothing changes). A plain
+        Redis gets BLPOP: a value BLMPOP popped and the consumer did not return yet would
+        be gone from the list for good, where the gateway hands unacked records out again."""
+        if self.batch == 1:
+            return False
+        if self._server_checked != self._link.connects:
+            try:
+                hello = self._link.call("HELLO")
+            except ResponseError:  # a server before HELLO (Redis 5): not a gateway
+                hello = {}
+            if isinstance(hello, list | tuple):
+                hello = dict(zip(hello[0::2], hello[1::2], strict=False))
+            self._rafka = isinstance(hello, dict) and hello.get(b"server") == b"rafka"
+            self._server_checked = self._link.connects
+        return self._rafka
+
+    def _after_acks(
+        self, replies: list[Any], acks: list[str], records: list[Record]
+    ) -> Record | None:
+        """The first of `records` (the others stashed); AckError when the acks sent with
+        them were refused (then every record is stashed for the next calls)."""
+        self._stash.extend(records)
+        if acks and isinstance(replies[0], ResponseError):
+            raise AckError(str(replies[0]))
+        return self._stash.popleft() if self._stash else None
+
+    def _blpop_records(self, reply: Any) -> list[Record]:
         if reply is None:
-            return None
+            return []
         pairs = field_pairs(reply)
         if pairs is not None:
-            record = record_of(pairs)
-        elif isinstance(reply, list | tuple) and len(reply) == 2:
-            # Plain Redis: [list name, value]. A list has no offsets: count them per
-            # topic from 0, as a partition's would on a fresh topic.
-            topic = topic_of_list(reply[0])
-            offset = self._double_offsets.get(topic, 0)
-            self._double_offsets[topic] = offset + 1
-            record = Record(topic, 0, offset, None, reply[1])
-        else:
-            raise ConsumeError(f"unexpected BLPOP reply {reply!r}")
+            return [self._handed_out(record_of(pairs))]
+        if isinstance(reply, list | tuple) and len(reply) == 2:
+            return [self._plain(reply[0], reply[1])]  # plain Redis: [list name, value]
+        raise ConsumeError(f"unexpected BLPOP reply {reply!r}")
+
+    def _records(self, reply: Any) -> list[Record]:
+        """A BLMPOP reply: [key, [element, ...]], the elements the gateway's records or, on
+        a plain Redis, the list's values."""
+        if reply is None:
+            return []
+        if not (isinstance(reply, list | tuple) and len(reply) == 2):
+            raise ConsumeError(f"unexpected BLMPOP reply {reply!r}")
+        name, elements = reply
+        records = []
+        for element in elements:
+            pairs = field_pairs(element)
+            if pairs is not None:
+                records.append(self._handed_out(record_of(pairs)))
+            elif isinstance(element, bytes):
+                records.append(self._plain(name, element))
+            else:
+                raise ConsumeError(f"unexpected BLMPOP element {element!r}")
+        return records
+
+    def _plain(self, name: bytes, value: bytes) -> Record:
+        """A plain Redis list's value. A list has no offsets: count them per topic from
+        0, as a partition's would on a fresh topic."""
+        topic = topic_of_list(name)
+        offset = self._double_offsets.get(topic, 0)
+        self._double_offsets[topic] = offset + 1
+        return self._handed_out(Record(topic, 0, offset, None, value))
+
+    def _handed_out(self, record: Record) -> Record:
         self._handed.add((record.topic, record.partition))
         return record
 

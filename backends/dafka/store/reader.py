@@ -1,0 +1,171 @@
+"""The store's reader actor (spec §5.4).
+
+Answers FETCH with exactly the requested records q … q+count-1 (fixing the C off-by-one,
+§10.12), or from the partition's oldest retained record when q is below it (retention
+tail); answers GET_HEADS and CONSUMER_HELLO with one DIRECT_HEAD per partition of the exact
+subject (§10.11); greets every consumer whose SUB connects with STORE_HELLO.
+
+Beyond C: for `store/push_heads/duration` ms after a partition changed, every
+`store/push_heads/interval` ms, the reader sends its DIRECT_HEAD to the earliest consumers
+that asked for heads of its topic, so a C consumer (which asks only at subscribe) still
+learns of a partition it missed (see `head_push.py`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import struct
+from collections.abc import Iterable
+
+import structlog
+import zmq
+
+from backends.dafka import proto
+from backends.dafka.beacon import (
+    Beacon,
+    apply_events,
+    bind_data_socket,
+    now_ms,
+    subscription_events,
+)
+from backends.dafka.node import SocketFactory
+from backends.dafka.store.actor import StoreActor, StoreParts
+
+log = structlog.get_logger(__name__)
+
+_READER_CHUNK = 1_000  # requests handled before the reader looks at its other sockets
+_PACK_SEQ = struct.Struct(">Q").pack
+
+
+class Reader(StoreActor):
+    kind = "store-reader"
+
+    def __init__(self, store: StoreParts) -> None:
+        self.writer_uuid = store.address
+        self.push = store.push
+        super().__init__(store, store.reader_address)
+
+    def _open(self, socket: SocketFactory) -> int:
+        self.xpub = socket(zmq.XPUB)
+        self.sub = socket(zmq.SUB)
+        self.xpub.setsockopt(zmq.XPUB_VERBOSE, 1)
+        self.xpub.sndhwm = self.hwm
+        self.sub.rcvhwm = self.hwm
+        self.sub.setsockopt(zmq.SUBSCRIBE, proto.subscription(proto.FETCH))
+        self.sub.setsockopt(zmq.SUBSCRIBE, proto.subscription(proto.GET_HEADS))
+        self.sub.setsockopt(zmq.SUBSCRIBE, proto.subscription(proto.CONSUMER_HELLO, self.uuid))
+        return bind_data_socket(self.xpub, self.config, self.sub)
+
+    def _serve(self, pipe: zmq.Socket, beacon: Beacon) -> None:
+        poller = zmq.Poller()
+        for sock in (pipe, self.xpub, self.sub, beacon.socket):
+            poller.register(sock, zmq.POLLIN)
+        push = self.push
+        never = 2**62
+        next_push = now_ms() + push.interval if push.enabled else never
+        while True:
+            wait = min(beacon.next_deadline_ms(), next_push) - now_ms()
+            events = dict(poller.poll(max(0, min(wait, 1000))))
+            if pipe in events:
+                return
+            if beacon.socket in events:
+                apply_events(beacon.handle(), self.sub)
+            if self.xpub in events:
+                self._on_subscriptions()
+            if self.sub in events:
+                self._on_requests()
+            now = now_ms()
+            if now >= next_push:
+                next_push = now + push.interval
+                for consumer, subject, partition, head in push.due(now):
+                    # A name the wire cannot carry (e.g. a NUL) loses its push, not the reader.
+                    with contextlib.suppress(proto.MalformedMessage):
+                        self._direct_head(consumer.encode(), subject, partition, head)
+            apply_events(beacon.tick(now), self.sub)
+
+    def _on_subscriptions(self) -> None:
+        """A consumer's SUB subscribed `L<consumer>`: greet it with STORE_HELLO (§1.5).
+        Its `E<consumer>` left: the consumer is gone, push it no more heads."""
+        for event in subscription_events(self.xpub):
+            consumer = event.rest
+            if not consumer or b"\0" in consumer:
+                continue
+            if event.is_subscribe and event.id == proto.STORE_HELLO:
+                hello = proto.Message(proto.STORE_HELLO, consumer, address=self.uuid)
+                self.xpub.send_multipart(proto.encode(hello))
+            elif not event.is_subscribe and event.id == proto.DIRECT_HEAD:
+                with contextlib.suppress(UnicodeDecodeError):
+                    self.push.forget(consumer.decode())
+
+    def _on_requests(self) -> None:
+        for _ in range(_READER_CHUNK):
+            try:
+                frames = self.sub.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                msg = proto.decode(frames)
+                if msg.address == self.writer_uuid:
+                    continue  # our own writer's FETCH: the data is ours already
+                if msg.id == proto.FETCH:
+                    self._on_fetch(msg)
+                elif msg.id == proto.GET_HEADS:
+                    subject = msg.topic.decode()
+                    # Watch before reading the heads: see head_push.py's docstring.
+                    self.push.watch(msg.address, subject)
+                    self._send_heads(msg.address, subject)
+                elif msg.id == proto.CONSUMER_HELLO:
+                    for subject in msg.subjects:
+                        self.push.watch(msg.address, subject)
+                        self._send_heads(msg.address, subject)
+            except (proto.MalformedMessage, UnicodeDecodeError) as error:
+                if self.verbose:
+                    log.debug("dafka store reader dropped a message", error=str(error))
+            except Exception:  # a bug or a DB error: lose this request, not the store
+                log.exception("dafka store reader dropped a request", frames=frames[:1])
+
+    def _on_fetch(self, msg: proto.Message) -> None:
+        partition = msg.topic.decode()
+        encoder = proto.RecordEncoder(msg.address, partition, msg.subject, proto.DIRECT_RECORD)
+        prefix = encoder.frame1(0)[:-8]
+        send = self.xpub.send
+        more = zmq.SNDMORE
+        pack = _PACK_SEQ
+        sent = 0
+        for seq, content in self.storage.read(
+            msg.subject.encode(), msg.topic, msg.sequence, msg.count
+        ):
+            send(prefix + pack(seq), more)
+            send(content)
+            sent += 1
+        if self.verbose:
+            log.debug(
+                "dafka store answered FETCH",
+                subject=msg.subject,
+                partition=partition,
+                sequence=msg.sequence,
+                count=msg.count,
+                sent=sent,
+            )
+
+    def _send_heads(self, requester: str, subject: str) -> None:
+        """DIRECT_HEAD of each partition of exactly `subject` (fixing §10.11); "" asks for
+        every subject, as C's prefix match answers it (a store writer catching up uses it)."""
+        if not requester:
+            return
+        if subject:
+            raw = subject.encode()
+            heads: Iterable[tuple[bytes, bytes, int]] = (
+                (raw, partition, head) for partition, head in self.storage.heads(raw)
+            )
+        else:
+            heads = self.storage.partitions()
+        topic = requester.encode()
+        for subject_b, partition, head in heads:
+            self._direct_head(topic, subject_b.decode(), partition.decode(), head)
+
+    def _direct_head(self, requester: bytes, subject: str, partition: str, head: int) -> None:
+        reply = proto.Message(
+            proto.DIRECT_HEAD, requester, address=partition, subject=subject, sequence=head
+        )
+        self.xpub.send_multipart(proto.encode(reply))

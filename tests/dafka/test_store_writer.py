@@ -1,0 +1,239 @@
+"""The store's writer (spec §5.3), driven over inproc by the test peer (spec §8).
+
+Derived scenario 27, and what this port adds: synced write before ACK, FETCH retries and
+when they give up, a repeated ACK for a HEAD at or below the stored head, and catch-up
+from the other stores' heads when no producer is left.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import zmq
+
+from backends.dafka import proto
+from backends.dafka.config import Config
+from backends.dafka.proto import Message
+from backends.dafka.store import Store
+from backends.dafka.test_peer import TestPeer
+from backends.dafka.tower import Tower
+from tests.dafka.stores import (
+    direct_records_of,
+    link,
+    recv_direct_heads,
+    recv_fetch,
+    recv_until_ack,
+    store_records,
+)
+from tests.support.waiting import wait_until
+
+# --- scenario 27: writer --------------------------------------------------------------------
+
+
+def test_in_order_records_are_stored_and_acked_per_batch(linked: TestPeer, store: Store) -> None:
+    for seq in range(1000):
+        linked.send_record("hello", seq, b"record %d" % seq)
+    acks = recv_until_ack(linked, "hello", 999)
+    assert acks == sorted(acks), "ACKs must never go backwards"
+    assert len(acks) < 1000, "one ACK per partition per batch, not one per record"
+    stored = list(store.storage.read(b"hello", linked.address.encode(), 0, 2000))
+    assert stored == [(seq, b"record %d" % seq) for seq in range(1000)]
+
+
+def test_duplicate_record_is_dropped(linked: TestPeer, store: Store) -> None:
+    store_records(linked, "dup", [b"a", b"b", b"c"])
+    linked.send_record("dup", 1, b"overwrite?")
+    linked.send_record("dup", 3, b"d")
+    assert recv_until_ack(linked, "dup", 3) == [3]
+    assert direct_records_of(linked, "dup", 0, 10) == [(0, b"a"), (1, b"b"), (2, b"c"), (3, b"d")]
+
+
+def test_gap_fetches_from_head_plus_one(linked: TestPeer, store: Store) -> None:
+    store_records(linked, "gap", [b"0", b"1", b"2"])
+    linked.send_record("gap", 5, b"5")
+    fetch = recv_fetch(linked, store)
+    assert fetch.topic == linked.address.encode()
+    assert (fetch.subject, fetch.sequence, fetch.count) == ("gap", 3, 100_000 - 3)
+    # Answering the FETCH closes the gap; record 5 was dropped, so it is fetched again.
+    for seq in (3, 4):
+        linked.send_direct_record(store.address, "gap", seq, b"%d" % seq)
+    assert recv_until_ack(linked, "gap", 4)[-1] == 4
+
+
+def test_first_record_not_zero_fetches_from_zero(linked: TestPeer, store: Store) -> None:
+    linked.send_record("late", 7, b"7")
+    fetch = recv_fetch(linked, store)
+    assert (fetch.subject, fetch.sequence, fetch.count) == ("late", 0, 100_000)
+    assert store.storage.head(b"late", linked.address.encode()) is None
+
+
+def test_head_ahead_of_stored_head_fetches(linked: TestPeer, store: Store) -> None:
+    store_records(linked, "ahead", [b"0", b"1"])
+    linked.send_head("ahead", 1)  # not ahead: nothing
+    linked.send_head("ahead", 9)
+    fetch = recv_fetch(linked, store)
+    assert (fetch.subject, fetch.sequence) == ("ahead", 2)
+
+
+def test_head_at_or_below_the_stored_head_repeats_the_ack(linked: TestPeer, store: Store) -> None:
+    """Regression: a lost ACK was never sent again, so the producer kept its records and
+    its close() never returned (e.g. it published before its SUB joined the store)."""
+    store_records(linked, "lost-ack", [b"a", b"b", b"c", b"d"])  # ACK(3) received
+    # As if that ACK was lost: the producer still holds the records and HEADs them.
+    linked.send_head("lost-ack", 3)
+    assert recv_until_ack(linked, "lost-ack", 3) == [3]
+    # A HEAD below what is stored is answered with the stored head, too.
+    linked.send_head("lost-ack", 1)
+    assert recv_until_ack(linked, "lost-ack", 3) == [3]
+    assert store.storage.head(b"lost-ack", linked.address.encode()) == 3
+
+
+def test_fetch_is_retried_until_the_gap_is_filled(linked: TestPeer, store: Store) -> None:
+    linked.send_head("retry", 2)
+    first = recv_fetch(linked, store)
+    assert (first.subject, first.sequence) == ("retry", 0)
+    # Nobody answers and no more traffic comes: the writer asks again by itself.
+    again = recv_fetch(linked, store, timeout=5)
+    assert (again.subject, again.sequence) == ("retry", 0)
+    for seq in range(3):
+        linked.send_direct_record(store.address, "retry", seq, b"r")
+    assert recv_until_ack(linked, "retry", 2)[-1] == 2
+
+
+def store_fetches_within(peer: TestPeer, store: Store, seconds: float) -> list[int]:
+    """Sequences of every FETCH the store's writer sends during the next `seconds`."""
+    deadline = time.monotonic() + seconds
+    fetches = []
+    while (remaining := deadline - time.monotonic()) > 0:
+        try:
+            msg = peer.recv_id(proto.FETCH, remaining)
+        except TimeoutError:
+            break
+        if msg.address == store.address:
+            fetches.append(msg.sequence)
+    return fetches
+
+
+def test_retry_gives_up_on_a_gap_nobody_can_fill(
+    store_config: Config, tower: Tower, test_peer: TestPeer
+) -> None:
+    store_config.set("store/fetch_retry_timeout", 300)
+    with Store(store_config, zmq.Context.instance()) as store:
+        link(test_peer, store)
+        test_peer.send_head("dead", 5)
+        assert recv_fetch(test_peer, store).subject == "dead"
+        store_fetches_within(test_peer, store, 0.5)  # retries before the timeout are fine
+        # Well past the timeout and into a new fetch-filter second: no more FETCHes.
+        assert store_fetches_within(test_peer, store, 1.2) == []
+        # New evidence of the gap re-arms it.
+        test_peer.send_head("dead", 6)
+        assert recv_fetch(test_peer, store).sequence == 0
+
+
+def test_ack_is_sent_only_after_the_synced_write(linked: TestPeer, store: Store) -> None:
+    assert store.storage.sync, "store/sync defaults to 1"
+    partition = linked.address.encode()
+    for seq in range(200):
+        linked.send_record("durable", seq, b"x" * 100)
+    deadline = time.monotonic() + 5
+    last = -1
+    while last < 199:
+        ack = linked.recv_id(proto.ACK, max(0.01, deadline - time.monotonic()))
+        if ack.subject != "durable":
+            continue
+        last = ack.sequence
+        # Read the DB the moment the ACK is here: everything it covers is written.
+        assert store.storage.head(b"durable", partition) is not None
+        stored = [s for s, _ in store.storage.read(b"durable", partition, 0, last + 1)]
+        assert stored == list(range(last + 1)), f"ACK {last} came before its write"
+
+
+# --- catch-up without a live producer: heads learnt from the other stores ---------------------
+
+
+def test_writer_asks_a_greeting_reader_for_all_heads_and_fetches_what_it_lacks(
+    linked: TestPeer, store: Store
+) -> None:
+    """The writer runs the consumer's hello handshake with every store reader (the peer
+    plays one) and FETCHes what the DIRECT_HEADs show beyond its own heads."""
+    for kind in (b"E", b"L"):  # DIRECT_HEAD and STORE_HELLO reach the writer
+        linked.wait_subscribed(kind + store.address.encode())
+    linked.send_store_hello(store.address)
+    hello = linked.recv_id(proto.CONSUMER_HELLO)
+    assert (hello.topic, hello.address) == (linked.address.encode(), store.address)
+    assert hello.subjects == [""], "the writer asks for the heads of every subject"
+    gone = uuid.uuid4().hex.upper()  # a producer that no longer exists
+    linked.send(
+        Message(
+            proto.DIRECT_HEAD, store.address.encode(), address=gone, subject="orphan", sequence=2
+        )
+    )
+    fetch = recv_fetch(linked, store)
+    assert (fetch.topic, fetch.subject, fetch.sequence) == (gone.encode(), "orphan", 0)
+    for seq in range(3):
+        linked.send(
+            Message(
+                proto.DIRECT_RECORD,
+                store.address.encode(),
+                address=gone,
+                subject="orphan",
+                sequence=seq,
+                content=b"o%d" % seq,
+            )
+        )
+    wait_until(
+        lambda: store.storage.head(b"orphan", gone.encode()) == 2,
+        5,
+        "the writer did not store what the DIRECT_HEAD announced",
+    )
+    assert list(store.storage.read(b"orphan", gone.encode(), 0, 10)) == [
+        (0, b"o0"),
+        (1, b"o1"),
+        (2, b"o2"),
+    ]
+
+
+def test_writer_sends_get_heads_for_every_subject_periodically(
+    store_config: Config, tower: Tower, test_peer: TestPeer
+) -> None:
+    store_config.set("store/heads_interval", 100)
+    with Store(store_config, zmq.Context.instance()) as store:
+        link(test_peer, store)
+        for _ in range(2):  # not once: again and again
+            msg = test_peer.recv_id(proto.GET_HEADS)
+            assert (msg.topic, msg.address) == (b"", store.address)
+
+
+def test_get_heads_of_the_empty_subject_answers_every_partition(
+    linked: TestPeer, store: Store
+) -> None:
+    """What C's prefix match answers to "" (spec §5.4), and what a catching-up writer asks."""
+    store_records(linked, "all-a", [b"0", b"1"])
+    store_records(linked, "all-b", [b"0"])
+    requester = uuid.uuid4().hex.upper()
+    linked.send(Message(proto.GET_HEADS, b"", address=requester))
+    heads = recv_direct_heads(linked, requester, 3)
+    partition = linked.address
+    assert sorted(heads) == [
+        (partition, "all-a", 1),
+        (partition, "all-b", 0),
+        (partition, "sentinel", 0),
+    ]
+
+
+def test_reader_ignores_its_own_writers_heads_requests(linked: TestPeer, store: Store) -> None:
+    linked.send(Message(proto.GET_HEADS, b"", address=store.address))
+    linked.send(
+        Message(
+            proto.CONSUMER_HELLO,
+            store.reader_address.encode(),
+            address=store.address,
+            subjects=[""],
+        )
+    )
+    requester = uuid.uuid4().hex.upper()
+    linked.send(Message(proto.GET_HEADS, b"sentinel", address=requester))
+    # The reader handles requests in order: an answer to its writer would come first.
+    msg = linked.recv_id(proto.DIRECT_HEAD)
+    assert msg.topic == requester.encode(), "the reader answered its own writer"

@@ -1,0 +1,198 @@
+"""BLMPOP, the batch consume command (docs/gateway.md), over real sockets against a
+gateway on each real engine: Redis 7's syntax and texts, the reply shape, order, acks in
+between pipelined batches, and at least once when a client goes away mid-pipeline."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from backends.base import Record
+from gateway.commands.consume import batch_reply, record_reply
+from gateway.resp import encode
+from gateway.runner import ServerThread
+from tests.support.engines import GATEWAY_ENGINES
+from tests.support.fixtures import EngineFactories, GatewayConfig
+from tests.support.gateway import Raw, client, running
+from tests.support.waiting import wait_until
+
+
+@pytest.fixture(scope="module", params=GATEWAY_ENGINES)
+def engine_name(request: pytest.FixtureRequest) -> str:
+    name: str = request.param
+    return name
+
+
+@pytest.fixture(scope="module")
+def server(engine_name: str, gateway_config: GatewayConfig) -> Iterator[ServerThread]:
+    with running(gateway_config(engine_name)) as gateway:
+        yield gateway
+
+
+@pytest.fixture(scope="module")
+def new_topic(engine_name: str, engines: EngineFactories) -> Callable[[int], str]:
+    return engines(engine_name).new_topic
+
+
+def named(server: ServerThread, group: str, name: str) -> Raw:
+    raw = Raw(server.port, timeout=20)
+    raw.command("CLIENT", "SETNAME", f"{group}:{name}")
+    assert raw.read_reply() == b"OK"
+    return raw
+
+
+def produce(server: ServerThread, topic: str, values: list[bytes]) -> None:
+    with client(server) as producer:
+        assert producer.execute_command("RPUSHX", f"topics:{topic}", *values) == len(values)
+        assert producer.execute_command("DUMP", "10000") == 0
+
+
+def values_of(reply: Any, key: bytes) -> list[bytes]:
+    """The values of a BLMPOP reply, checking its shape: [key, [record, ...]]."""
+    assert isinstance(reply, list) and len(reply) == 2, reply
+    assert reply[0] == key
+    out = []
+    for record in reply[1]:
+        assert record[0::2] == [b"topic", b"partition", b"offset", b"value"], record
+        out.append(record[7])
+    return out
+
+
+def first_batch(raw: Raw, key: str, count: int) -> Any:
+    """BLMPOP until a batch comes (the first calls may time out during the group join)."""
+    for _ in range(10):
+        raw.command("BLMPOP", "2", "1", key, "LEFT", "COUNT", str(count))
+        reply = raw.read_reply()
+        if reply is not None:
+            return reply
+    raise AssertionError(f"no batch from {key} after 10 BLMPOPs")
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (["0", "1", "topics:t"], "ERR wrong number of arguments for 'blmpop' command"),
+        (["x", "1", "topics:t", "LEFT"], "ERR timeout is not a float or out of range"),
+        (["-1", "1", "topics:t", "LEFT"], "ERR timeout is negative"),
+        (["1", "0", "topics:t", "LEFT"], "ERR numkeys should be greater than 0"),
+        (["1", "x", "topics:t", "LEFT"], "ERR numkeys should be greater than 0"),
+        (["1", "3", "topics:t", "LEFT"], "ERR syntax error"),
+        (["1", "1", "topics:t", "UP"], "ERR syntax error"),
+        (["1", "1", "topics:t", "LEFT", "COUNT"], "ERR syntax error"),
+        (["1", "1", "topics:t", "LEFT", "NUMBER", "2"], "ERR syntax error"),
+        (["1", "1", "topics:t", "LEFT", "COUNT", "0"], "ERR count should be greater than 0"),
+        (["1", "1", "topics:t", "RIGHT"], "CONS BLMPOP consumes from the LEFT only"),
+        (["1", "1", "foo", "LEFT"], "CONS Cannot parse topics from `foo`"),
+        (["1", "1", "topics:t", "LEFT"], "CONS Connection not ready. Identify yourself"),
+    ],
+)
+def test_blmpop_refuses_what_redis_refuses_with_its_texts(
+    server: ServerThread, args: list[str], error: str
+) -> None:
+    with Raw(server.port) as raw:
+        raw.command("BLMPOP", *args)
+        kind, text = raw.read_reply()
+        assert kind == "-" and text.startswith(error), text
+
+
+@pytest.mark.parametrize("protocol", [2, 3])
+def test_blmpop_hands_out_batches_in_order_then_times_out(
+    server: ServerThread, new_topic: Callable[[int], str], protocol: int
+) -> None:
+    topic = new_topic(1)
+    values = [b"v%d" % i for i in range(25)]
+    produce(server, topic, values)
+    key = f'topics:{topic}:{{"auto.offset.reset":"earliest"}}'
+    c = client(server, protocol=protocol, client_name=f"g{secrets.token_hex(4)}:redis-py")
+    got: list[bytes] = []
+    for _ in range(20):
+        if len(got) == len(values):
+            break
+        reply = c.blmpop(2, 1, key, direction="LEFT", count=10)
+        if reply is not None:
+            batch = values_of(reply, key.encode())
+            assert 1 <= len(batch) <= 10, f"{len(batch)} records for COUNT 10"
+            got += batch
+    assert got == values, "every record once, in offset order"
+    assert c.blmpop(0.2, 1, key, direction="LEFT", count=10) is None, "nothing more"
+    # BLPOP on the same connection goes on from there, on the same consumer.
+    produce(server, topic, [b"after"])
+    record = c.blpop([key], 5)
+    assert record is not None and record[-1] == b"after"
+    c.close()
+
+
+def test_pipelined_blmpops_with_acks_between_hand_out_each_record_once(
+    server: ServerThread, new_topic: Callable[[int], str]
+) -> None:
+    topic = new_topic(1)
+    values = [b"p%d" % i for i in range(60)]
+    produce(server, topic, values)
+    key = f"topics:{topic}"
+    group = f"g{secrets.token_hex(4)}"
+    with named(server, group, "piped") as raw:
+        got = values_of(first_batch(raw, key, 5), key.encode())
+        # Several batches in one write, each ack naming the last offset received before.
+        batch = f"BLMPOP 5 1 {key} LEFT COUNT 3\r\n"
+        raw.send((f"RPUSH acks {topic}:0:{len(got) - 1}\r\n" + batch * 4).encode())
+        assert raw.read_reply() == 1
+        for _ in range(4):
+            got += values_of(raw.read_reply(), key.encode())
+        # Then an ack and a batch per write, until every record came.
+        for _ in range(60):
+            if len(got) == len(values):
+                break
+            ack = f"RPUSH acks {topic}:0:{len(got) - 1}\r\n"
+            raw.send((ack + f"BLMPOP 5 1 {key} LEFT COUNT 7\r\n").encode())
+            assert raw.read_reply() == 1, "the ack between two batches"
+            got += values_of(raw.read_reply(), key.encode())
+        assert got == values, "each record once, in offset order"
+        raw.command("BLMPOP", "0.2", "1", key, "LEFT", "COUNT", "3")
+        assert raw.read_reply() is None
+
+
+def test_a_client_gone_mid_pipeline_gets_its_unacked_records_again(
+    server: ServerThread, new_topic: Callable[[int], str]
+) -> None:
+    """Batches handed out and not acked when the client goes away come to the group's next
+    member, from the last ack on; nothing acked comes again."""
+    topic = new_topic(1)
+    values = [b"m%d" % i for i in range(40)]
+    produce(server, topic, values)
+    key = f"topics:{topic}"
+    group = f"g{secrets.token_hex(4)}"
+    raw = named(server, group, "first")
+    got = values_of(first_batch(raw, key, 4), key.encode())
+    acked = len(got)
+    # Ack what came, and pipeline more batches than the client will read.
+    command = f"BLMPOP 5 1 {key} LEFT COUNT 4\r\n"
+    raw.send(f"RPUSH acks {topic}:0:{acked - 1}\r\n".encode() + command.encode() * 6)
+    assert raw.read_reply() == 1
+    got += values_of(raw.read_reply(), key.encode())  # handed out, never acked
+    raw.close()
+    wait_until(lambda: f"{group}:first" not in server.server.ctx.clients, 10, "the session to end")
+    with named(server, group, "second") as again:
+        rest: list[bytes] = []
+        while len(rest) < len(values) - acked:
+            rest += values_of(first_batch(again, key, 100), key.encode())
+        assert rest == values[acked:], "from the last ack on, in order, nothing lost"
+        again.command("BLMPOP", "0.2", "1", key, "LEFT", "COUNT", "3")
+        assert again.read_reply() is None, "nothing acked came again"
+
+
+@pytest.mark.parametrize("protocol", [2, 3])
+def test_a_batch_is_encoded_as_the_list_of_blpop_records_would_be(protocol: int) -> None:
+    """BLMPOP encodes its records in one pass: the bytes are those of the generic encoder
+    for [key, [record, ...]], null values and several topics included."""
+    records = [
+        Record("orders", 3, 41, None, b"x" * 100),
+        Record("orders", 3, 42, b"k", None),
+        Record("caf\u00e9", 0, 0, None, b""),
+    ]
+    key = b'topics:orders,caf\xc3\xa9:{"a":1}'
+    expected = encode([key, [record_reply(record) for record in records]], protocol)
+    assert encode(batch_reply(key, records, protocol), protocol) == expected
+    assert encode(batch_reply(key, [], protocol), protocol) == encode([key, []], protocol)
