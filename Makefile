@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-APT_PACKAGES := redis-server redis-tools ruby ruby-redis docker-compose
+APT_PACKAGES := redis-server redis-tools ruby ruby-redis docker-compose openjdk-17-jre-headless
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PORT ?= 6380
 PYTEST_ARGS ?=
@@ -22,10 +22,12 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 # The tests drive real redis-server, redis-cli and redis-rb, and validate the compose file
-# with docker-compose (no Docker engine needed): install them when missing.
+# with docker-compose (no Docker engine needed); PySpark needs a Java 17 runtime: install
+# them when missing.
 system-packages:
 	@if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null \
 	    || ! command -v redis-benchmark >/dev/null || ! command -v docker-compose >/dev/null \
+	    || ! command -v java >/dev/null \
 	    || ! ruby -e 'require "redis"' >/dev/null 2>&1; then \
 	  echo "installing Debian packages: $(APT_PACKAGES)"; \
 	  $(SUDO) apt-get update -qq && \
@@ -82,11 +84,11 @@ bench-dafka: venv
 # (clients/spark/README.md). Starts and stops its own gateway on $(ENGINE);
 # PIPELINE_ARGS="--limit 20000" for a part, "--url redis://host:port" for a running gateway.
 PIPELINE_ARGS ?=
-pipeline: venv
+pipeline: venv system-packages
 	$(BIN)/python clients/spark/flights_pipeline.py --engine $(ENGINE) $(PIPELINE_ARGS)
 
 # Rows/s through the Spark sink and source next to direct clients (never fails).
-bench-spark: venv
+bench-spark: venv system-packages
 	$(BIN)/python bench/spark.py $(BENCH_ARGS)
 
 # TLS vs plaintext on one gateway (embedded Dafka), with redis-benchmark (about 2 min).
