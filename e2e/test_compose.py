@@ -436,7 +436,7 @@ def round_trip(local: Local, service: str, group: str, topic: str, consumer: str
 # --- docker-compose config --------------------------------------------------------------
 
 
-@pytest.mark.parametrize("profile", [None, "dafka", "kafka"])
+@pytest.mark.parametrize("profile", [None, "dafka", "kafka", "spark"])
 def test_compose_file_is_valid_with_each_profile(profile: str | None) -> None:
     result = docker_compose(*(["--profile", profile] if profile else []), "config", "-q")
     assert result.returncode == 0, result.stderr
@@ -445,8 +445,7 @@ def test_compose_file_is_valid_with_each_profile(profile: str | None) -> None:
 def test_profiles_hold_the_services_of_issue_10() -> None:
     listed = docker_compose("config", "--profiles")
     assert listed.returncode == 0, listed.stderr
-    # No Spark profile: the pipeline does not exist yet (see the compose file's comments).
-    assert listed.stdout.split() == ["dafka", "kafka"]
+    assert listed.stdout.split() == ["dafka", "kafka", "spark"]
     services = compose()["services"]
     by_profile: dict[str, set[str]] = {}
     for name, spec in services.items():
@@ -456,7 +455,19 @@ def test_profiles_hold_the_services_of_issue_10() -> None:
         "default": DEFAULT_SERVICES,
         "dafka": DAFKA_SERVICES,
         "kafka": KAFKA_SERVICES,
+        "spark": {"spark-pipeline"},
     }
+
+
+def test_the_spark_profile_runs_the_pipeline_against_the_default_gateway() -> None:
+    # The pipeline needs Spark in the image; a local run of it is e2e/test_spark_pipeline.py.
+    spec = compose()["services"]["spark-pipeline"]
+    stages = re.findall(r"^FROM \S+ AS (\S+)", (REPO / "Dockerfile").read_text(), re.M)
+    assert spec["build"]["target"] in stages
+    command = spec["command"]
+    assert command[0] == "python" and (REPO / command[1]).is_file(), command
+    assert command[command.index("--url") + 1] == "redis://rafka:6380"
+    assert spec["depends_on"] == {"rafka": {"condition": "service_healthy"}}
 
 
 BAD_OVERRIDES = {

@@ -1,5 +1,10 @@
 """A TCP proxy on 127.0.0.1 whose connections a test can cut, as a network failure would:
-the client and the server both see their connection closed, the listener stays up."""
+the client and the server both see their connection closed, the listener stays up.
+
+With `hold_after=N`, each connection forwards only the first N bytes the client sends and
+then holds the rest (the client's later commands never reach the server, their replies
+never come) until the test cuts it: a client stopped mid-stream at a point the test
+does not have to race for."""
 
 from __future__ import annotations
 
@@ -10,8 +15,10 @@ from types import TracebackType
 
 
 class TcpProxy:
-    def __init__(self, target_port: int) -> None:
+    def __init__(self, target_port: int, hold_after: int | None = None) -> None:
         self._target = ("127.0.0.1", target_port)
+        self.hold_after = hold_after  # read when a connection is accepted
+        self.held = 0  # connections holding the client's bytes
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port: int = self._listener.getsockname()[1]
         self._lock = threading.Lock()
@@ -48,14 +55,20 @@ class TcpProxy:
                     return
                 self._pairs.append((client, server))
                 self.accepted += 1
-            self._spawn(self._pump, client, server)
-            self._spawn(self._pump, server, client)
+            self._spawn(self._pump, client, server, self.hold_after)
+            self._spawn(self._pump, server, client, None)
 
-    @staticmethod
-    def _pump(source: socket.socket, sink: socket.socket) -> None:
+    def _pump(self, source: socket.socket, sink: socket.socket, limit: int | None) -> None:
+        forwarded = 0
         try:
             while data := source.recv(65536):
+                if limit is not None and forwarded + len(data) > limit:
+                    sink.sendall(data[: limit - forwarded])
+                    with self._lock:
+                        self.held += 1
+                    return  # hold: the connection stays open until cut
                 sink.sendall(data)
+                forwarded += len(data)
         except OSError:
             pass
         for sock in (source, sink):

@@ -1,0 +1,57 @@
+"""`make pipeline` on a part of the flights, on each engine: the script starts its own
+gateway, streams the flights through the Spark sink and back through the `rafka` source,
+finds the same aggregates as the batch job, and leaves no process behind."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.engines import GATEWAY_ENGINES
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT = REPO / "clients" / "spark" / "flights_pipeline.py"
+FLIGHTS = 2000
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("engine", GATEWAY_ENGINES)
+def test_pipeline_streams_the_flights_and_matches_the_batch_job(
+    engine: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    if engine == "kafka" and request.config.getoption("no_broker"):
+        pytest.skip("needs a Kafka broker (--no-broker)")
+    run = subprocess.run(
+        [sys.executable, str(SCRIPT), "--engine", engine, "--limit", str(FLIGHTS)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=360,
+        env={**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"},
+    )
+    out = run.stdout
+    assert run.returncode == 0, f"exit {run.returncode}\n{out}\n{run.stderr[-3000:]}"
+    assert f"sink: batch 0: {FLIGHTS:,} flights sent" in out, out
+    assert f"source: {FLIGHTS:,} flights read from topic flights" in out, out
+    summary = re.search(r"(\d+) carrier-months, ([\d,]+) flights streamed.*; (\d+) differ", out)
+    assert summary is not None, out
+    assert summary[2] == f"{FLIGHTS:,}" and summary[3] == "0", summary[0]
+    assert "the streamed result equals the batch job's" in out
+    # The gateway it started is gone (its pid is on the console), Tansu and stores too.
+    started = re.search(r"gateway started \(\w+ engine\) on port \d+, pid (\d+)", out)
+    assert started is not None, out
+    assert not alive(int(started[1])), "the pipeline left its gateway running"
+    assert "gateway stopped (exit status 0)" in out
