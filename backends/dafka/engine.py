@@ -297,7 +297,16 @@ class DafkaEngine(Engine):
         await asyncio.gather(*(member.close() for member in list(self._members)))
         with contextlib.suppress(EngineError):
             await self.commit_now()
+        await self._commits_durable()
         await self._stop_started()
+
+    async def _commits_durable(self) -> None:
+        """A periodic commit cancelled above may still be on its way to the stores, its
+        acks no longer pending: give it a commit's bound, not the stop flush's, or the
+        next start would deliver those records again."""
+        writer = self._writers.get((OFFSETS_TOPIC, self.settings.node))
+        if writer is not None and writer.failed is None:
+            await self.wait_durable(writer, writer.submitted, self.settings.start_timeout)
 
     async def _stop_started(self) -> None:
         writers = list(self._writers.values())

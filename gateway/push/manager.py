@@ -42,7 +42,8 @@ def load_state(path: Path) -> tuple[Subscription, ...]:
     SubscriptionError naming the file for one that cannot be read."""
     try:
         text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
+        # No data directory yet, or none can be made there: the engine's start says so.
         return ()
     except (OSError, UnicodeDecodeError) as error:
         raise SubscriptionError(f"cannot read {path}: {error}") from None
