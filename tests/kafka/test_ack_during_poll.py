@@ -18,7 +18,7 @@ import time
 import pytest
 from confluent_kafka import Producer as RawProducer
 
-from backends.base import Record
+from backends.base import AckError, Record, Stats
 from backends.kafka.consumer import KafkaConsumer
 from tests.support.consuming import WAIT, asyncio_test, consume, new_group
 from tests.support.kafka import running_engine
@@ -91,6 +91,10 @@ async def test_an_ack_while_next_polls_returns_at_once_and_is_committed(
         )
         assert elapsed < PROMPT, f"three acks took {elapsed:.2f}s while next() polled"
         assert not waiting.done(), "next() returned although no record came"
+        # Still refused at once, with librdkafka's text, for a partition not assigned.
+        with pytest.raises(AckError, match=r"^Local: Erroneous state$"):
+            consumer.ack(topic, 1, 0)
+        assert engine.stats.get(Stats.ACKED) == len(records), "a refused ack was counted"
 
         # The poll goes on and gets the next record; the acks are committed by the close.
         handle.produce(topic, None, b"d")
