@@ -16,7 +16,9 @@ import threading
 import time
 
 import pytest
+from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
 from confluent_kafka import Producer as RawProducer
+from confluent_kafka.admin import AdminClient
 
 from backends.base import AckError, Record, Stats
 from backends.kafka.consumer import KafkaConsumer
@@ -106,3 +108,35 @@ async def test_an_ack_while_next_polls_returns_at_once_and_is_committed(
         [again] = await consume(after, 1)
         assert again.value == b"d", "the acks made during the poll were not committed"
         await after.close()
+
+
+def committed(bootstrap: str, group: str, topic: str) -> int:
+    """The group's committed offset of partition 0 of `topic` (negative: none)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    request = ConsumerGroupTopicPartitions(group, [TopicPartition(topic, 0)])
+    answer = admin.list_consumer_group_offsets([request])[group].result(WAIT)
+    [partition] = answer.topic_partitions
+    return int(partition.offset)
+
+
+@asyncio_test
+async def test_an_ack_with_no_next_in_flight_is_committed_without_another_call(
+    tansu: TansuBroker,
+) -> None:
+    """The worker stores a lone ack at once: librdkafka's periodic commit takes it while
+    the session makes no other call (a client that acks, then idles)."""
+    topic, group = tansu.create_topic(1), new_group()
+    async with running_engine(tansu.bootstrap) as engine:
+        handle = engine.producer("s")
+        handle.produce(topic, None, b"a")
+        assert await handle.flush(WAIT) == 0
+        consumer = await engine.consumer(group, "c", [topic], {})
+        [record] = await consume(consumer, 1)
+        consumer.ack(record.topic, record.partition, record.offset)
+        await wait_until_async(
+            lambda: committed(tansu.bootstrap, group, topic) == record.offset + 1,
+            WAIT,
+            f"offset {record.offset + 1} committed with no call after the ack",
+            interval=0.2,
+        )
+        await consumer.close()
