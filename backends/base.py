@@ -335,7 +335,8 @@ class Consumer(ABC):
         """Store `offset + 1` as the committed position of (topic, partition).
 
         Raises AckError when the engine refuses. Committing happens later (periodically
-        and on close).
+        and on close). Returns at once, also while a next() of this consumer is in
+        flight on another task: it never waits for that next() nor for I/O.
         """
 
     @abstractmethod

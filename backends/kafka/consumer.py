@@ -1,9 +1,20 @@
 """One librdkafka consumer per session, driven from a thread of its own.
 
-Every blocking librdkafka call of a consumer (creation, fetch, close) runs on the
+Every librdkafka call of a consumer (creation, fetch, offset store, close) runs on the
 consumer's single worker thread: hundreds of sessions blocked in BLPOP must not starve
 one another in a shared pool, and fetch and close are serialised for free (Rafka's
-per-consumer lock, #77). Only the non-blocking `store_offsets` runs on the event loop.
+per-consumer lock, #77).
+
+`ack()` never calls librdkafka. confluent-kafka (2.16) lets one thread at a time into a
+consumer handle: another caller sleeps at its gate, re-checking every millisecond, until
+the call inside returns. The worker's next() polls slice after slice and re-enters the
+gate at once, so a `store_offsets` on the event loop got in only when that next()
+returned: with a record, at its timeout, or never (BLPOP 0 on an idle topic; even
+close() could not end it, as it starts on the frozen loop). So `ack()` checks the
+partition is still this member's (refused as librdkafka would: `Local: Erroneous state`)
+and queues the offset; the worker stores queued offsets before each poll slice (at most
+POLL_SLICE later), at once when it is idle, before a revoke hands partitions over, and
+before close commits.
 
 Records are fetched in batches into a per-consumer buffer, and `next()` serves them on
 the event loop without a thread hop; it goes to the worker only when the buffer is empty
@@ -46,6 +57,8 @@ REFRESH = POLL_SLICE
 BATCH = 500  # records per fetch by default
 MAX_BATCH = 1_000_000  # confluent-kafka's limit for consume(num_messages)
 CLOSED = "Consumer closed"
+# librdkafka's refusal of an offset store for a partition not assigned (ERR__STATE).
+NOT_OWNED = str(KafkaError(KafkaError._STATE).str())
 # Errors that resolve themselves or are plain information (spec §4.5, §15.2).
 TRANSIENT = frozenset(
     {
@@ -82,8 +95,13 @@ class KafkaConsumer(Consumer):
         self._buffer: collections.deque[Record | _Failure] = collections.deque()
         self._lock = threading.Lock()
         self._fetched_at = 0.0  # time.monotonic() of the last fetch (written by the worker)
-        # Partitions assigned to this member; read and written on the worker thread only.
+        # Partitions assigned to this member: written on the worker thread (rebalance
+        # callbacks), read by ack() on the loop, both under the lock.
         self._owned: set[Partition] = set()
+        # Acked, not yet stored in librdkafka: partition -> offset to commit (last ack
+        # wins, as with store_offsets). Filled by ack(), drained by the worker; the lock.
+        self._acks: dict[Partition, int] = {}
+        self._store_queued = False  # a _store_acks job is waiting for the worker
         self._closing = False
         self._close_task: asyncio.Task[None] | None = None
         # Called once after close, e.g. for the engine to forget this consumer.
@@ -222,6 +240,7 @@ class KafkaConsumer(Consumer):
             wait = 0.0 if waiting else POLL_SLICE
             if deadline is not None:
                 wait = max(0.0, min(wait, deadline - time.monotonic()))
+            self._store_acks()  # acks made during the last slice: stored before the next
             self._fetch(wait, max(1, self._batch - waiting))
             if self.buffered or (deadline is not None and time.monotonic() >= deadline):
                 return
@@ -283,13 +302,16 @@ class KafkaConsumer(Consumer):
 
     def _on_assign(self, _: RdConsumer, partitions: list[TopicPartition]) -> None:
         """Runs on the worker thread; confluent-kafka assigns after it returns."""
-        self._owned.update((p.topic, p.partition) for p in partitions)
+        with self._lock:
+            self._owned.update((p.topic, p.partition) for p in partitions)
         self._log.info(
             "partitions assigned", partitions=[f"{p.topic}:{p.partition}" for p in partitions]
         )
 
     def _on_revoke(self, _: RdConsumer, partitions: list[TopicPartition]) -> None:
-        """Runs on the worker thread, inside a fetch or close()."""
+        """Runs on the worker thread, inside a fetch or close(). Acks queued so far are
+        stored first: librdkafka commits the stored offsets of the revoked partitions."""
+        self._store_acks()
         self._disown(partitions, "revoked")
 
     def _on_lost(self, _: RdConsumer, partitions: list[TopicPartition]) -> None:
@@ -299,8 +321,8 @@ class KafkaConsumer(Consumer):
         """Forget the buffered records of partitions now someone else's: they would fail
         to ack, and the new owner gets them from the committed offset anyway."""
         gone = {(p.topic, p.partition) for p in partitions}
-        self._owned -= gone
         with self._lock:
+            self._owned -= gone
             kept = [
                 item
                 for item in self._buffer
@@ -316,17 +338,45 @@ class KafkaConsumer(Consumer):
         )
 
     def ack(self, topic: str, partition: int, offset: int) -> None:
-        # Checked on the loop thread, where close() starts: no store can race the
-        # consumer's destruction on the worker thread.
+        """Queue `offset + 1` for the worker to store; never waits (see the module doc)."""
+        # Checked on the loop thread, where close() starts: no ack is queued after the
+        # close took the last ones.
         if self._closing or self._rd is None:
             raise AckError(CLOSED)
-        try:
-            self._rd.store_offsets(offsets=[TopicPartition(topic, partition, offset + 1)])
-        except KafkaException as exc:
-            raise AckError(error_text(exc)) from None
-        except (OverflowError, ValueError, TypeError, RuntimeError) as exc:
+        try:  # the checks store_offsets makes of its arguments, made here
+            TopicPartition(topic, partition, offset + 1)
+        except (OverflowError, ValueError, TypeError) as exc:
             raise AckError(str(exc)) from None
+        with self._lock:
+            if (topic, partition) not in self._owned:
+                # Never or no longer this member's: librdkafka refuses it so (ERR__STATE).
+                raise AckError(NOT_OWNED)
+            self._acks[(topic, partition)] = offset + 1
+            queue = not self._store_queued
+            self._store_queued = True
+        if queue:  # runs at once when the worker is idle, after the fetch in flight if not
+            self._executor.submit(self._store_acks)
         self._stats.incr(Stats.ACKED)
+
+    def _store_acks(self) -> None:
+        """Worker: hand the queued acks to librdkafka, which commits them (periodically,
+        on revoke and on close). An offset refused here belongs to a partition revoked
+        since its ack: the new owner delivers the record again (at least once)."""
+        with self._lock:
+            acks, self._acks = self._acks, {}
+            self._store_queued = False
+        if not acks or self._rd is None:
+            return
+        offsets = [TopicPartition(t, p, o) for (t, p), o in acks.items()]
+        try:
+            self._rd.store_offsets(offsets=offsets)
+        except KafkaException as exc:
+            self._stats.incr(Stats.COMMIT_ERRORS)
+            self._log.warning(
+                "acked offsets not stored",
+                error=error_text(exc),
+                offsets=[f"{t}:{p}:{o}" for (t, p), o in acks.items()],
+            )
 
     def _on_commit(self, error: KafkaError | None, partitions: list[TopicPartition]) -> None:
         """Runs on the worker thread, inside a fetch or close()."""
@@ -367,9 +417,10 @@ class KafkaConsumer(Consumer):
                 self.on_closed(self)
 
     def _close_blocking(self) -> None:
-        consumer, self._rd = self._rd, None
-        if consumer is None:
+        if self._rd is None:
             return
+        self._store_acks()  # the last acks, committed by the close below
+        consumer, self._rd = self._rd, None
         try:
             consumer.close()  # commits the stored offsets and leaves the group
         except Exception as exc:

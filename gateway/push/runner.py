@@ -6,9 +6,10 @@ partition with records to deliver (in an asyncio.TaskGroup). Cancelling it stops
 all; the consumer is closed (committing what was acked) before it returns.
 
 Order and memory: records of one partition go through one lane, one after the other, and
-are acked in offset order once delivered or dead-lettered; lanes of different partitions
-run side by side. At most `concurrency` records are held at once (a slot is taken before
-the consumer is asked for a record, and given back after the record's ack).
+are acked in offset order as soon as each is delivered or dead-lettered (an ack never
+waits for the pump's next(), on any engine: base.Consumer.ack); lanes of different
+partitions run side by side. At most `concurrency` records are held at once (a slot is
+taken before the consumer is asked for a record, and given back after the record's ack).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ log = structlog.get_logger("rafka.gateway.push")
 
 # Retrying what the engine refuses (a consumer, a dead-letter write): how long to wait.
 ENGINE_RETRY = RetryPolicy(attempts=1, backoff_base=0.2, backoff_max=5.0, jitter=0.5)
-# Bound on one wait for a record: acks wait at most this long to be applied.
+# Bound on one wait for a record.
 POLL = 0.2
 # Bound on one flush of a dead letter; a letter not durable by then is written again.
 DEAD_LETTER_FLUSH = 10.0
@@ -65,15 +66,13 @@ class _Lane:
 
 @dataclass
 class _Flow:
-    """What the pump and the lanes share: records held, acks waiting to be applied."""
+    """What the pump and the lanes share: the records held, the pump's wake-up."""
 
     held: int = 0
-    acks: list[Record] = field(default_factory=list)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
 
-    def done(self, record: Record) -> None:
-        """A lane finished `record` (delivered or dead-lettered): ack it, free its slot."""
-        self.acks.append(record)
+    def done(self) -> None:
+        """A lane finished a record (delivered or dead-lettered, then acked): a free slot."""
         self.held -= 1
         self.wake.set()
 
@@ -120,46 +119,30 @@ class SubscriptionRunner:
         log.error(what, subscription=self.subscription.name, error=str(error))
 
     async def _pump(self, consumer: Consumer, deliverer: Deliverer) -> None:
-        """Hand records to partition lanes, `concurrency` at most at once.
-
-        Only this task touches the consumer, and never acks while a next() is in flight
-        (an engine may not take both at once: librdkafka's store_offsets and poll
-        deadlock): lanes queue their acks, applied between two next() calls, each
-        bounded by POLL seconds.
-        """
+        """Hand records to partition lanes, `concurrency` at most at once; the lanes ack
+        what they finish at once, while this task may be waiting in next()."""
         flow = _Flow()
         lanes: dict[tuple[str, int], _Lane] = {}
-        try:
-            async with asyncio.TaskGroup() as group:
-                while True:
-                    self._apply_acks(consumer, flow)
-                    if flow.held >= self.subscription.concurrency:
-                        flow.wake.clear()
-                        await flow.wake.wait()
-                        continue
-                    record = await self._next(consumer)
-                    if record is None:
-                        continue
-                    flow.held += 1
-                    lane = lanes.setdefault((record.topic, record.partition), _Lane())
-                    lane.records.append(record)
-                    if not lane.running:
-                        lane.running = True
-                        group.create_task(self._lane(lane, deliverer, flow))
-        finally:
-            self._apply_acks(consumer, flow)
+        async with asyncio.TaskGroup() as group:
+            while True:
+                if flow.held >= self.subscription.concurrency:
+                    flow.wake.clear()
+                    await flow.wake.wait()
+                    continue
+                record = await self._next(consumer)
+                if record is None:
+                    continue
+                flow.held += 1
+                lane = lanes.setdefault((record.topic, record.partition), _Lane())
+                lane.records.append(record)
+                if not lane.running:
+                    lane.running = True
+                    group.create_task(self._lane(lane, consumer, deliverer, flow))
 
     async def _next(self, consumer: Consumer) -> Record | None:
-        """The next record or None; a cancelled call still waits for the engine's
-        next() to return (bounded by POLL), so that no ack races it."""
-        fetch = asyncio.ensure_future(consumer.next(POLL))
+        """The next record or None. Cancelling it loses no record (base.Consumer.next)."""
         try:
-            record = await asyncio.shield(fetch)
-        except asyncio.CancelledError:
-            await asyncio.wait([fetch])
-            if not fetch.cancelled():
-                fetch.exception()  # retrieved: the record (if any) is never acked
-            raise
+            record = await consumer.next(POLL)
         except ConsumeError as error:
             self._consume_failures += 1
             self._error("consume failed", error)
@@ -168,7 +151,9 @@ class SubscriptionRunner:
         self._consume_failures = 0
         return record
 
-    async def _lane(self, lane: _Lane, deliverer: Deliverer, flow: _Flow) -> None:
+    async def _lane(
+        self, lane: _Lane, consumer: Consumer, deliverer: Deliverer, flow: _Flow
+    ) -> None:
         try:
             while lane.records:
                 record = lane.records[0]
@@ -178,19 +163,18 @@ class SubscriptionRunner:
                 else:
                     await self._dead_letter(record, outcome)
                 lane.records.popleft()
-                flow.done(record)
+                self._ack(consumer, record)
+                flow.done()
         finally:
             lane.running = False
 
-    def _apply_acks(self, consumer: Consumer, flow: _Flow) -> None:
-        acks, flow.acks = flow.acks, []
-        for record in acks:
-            try:
-                consumer.ack(record.topic, record.partition, record.offset)
-            except AckError as error:
-                # The partition went to another member of the group, which delivers
-                # from the last ack: the record is delivered again there, not lost.
-                self._error("ack refused", error)
+    def _ack(self, consumer: Consumer, record: Record) -> None:
+        try:
+            consumer.ack(record.topic, record.partition, record.offset)
+        except AckError as error:
+            # The partition went to another member of the group, which delivers from
+            # the last ack: the record is delivered again there, not lost.
+            self._error("ack refused", error)
 
     async def _dead_letter(self, record: Record, outcome: Outcome) -> None:
         """Write the record to the dead-letter topic and wait until it is durable."""

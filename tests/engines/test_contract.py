@@ -34,6 +34,9 @@ from tests.support.engines import EngineFactory
 
 PARTITION_LIMIT = 2**31
 KEYS = [f"k{i}".encode() for i in range(8)]  # spread over the partitions of a topic
+# Acks during an in-flight next(): made for ACKING seconds, ACK_PACE apart, and each must
+# return within PROMPT_ACK (they only record an offset; a poll slice is 0.1 s on Kafka).
+ACKING, ACK_PACE, PROMPT_ACK = 0.5, 0.02, 0.25
 
 
 Keyed = tuple[bytes | None, bytes]
@@ -562,3 +565,37 @@ async def test_batches_keep_order_count_once_and_unacked_records_come_back(
         assert await second.next_batch(10, 0.3) == [], "a record was delivered twice"
         await second.close()
         assert await second.next_batch(10, 0.3) == [], "a closed consumer hands out nothing"
+
+
+@asyncio_test
+async def test_acks_made_while_next_waits_return_at_once_and_are_committed(
+    engine_factory: EngineFactory,
+) -> None:
+    """base.Consumer.ack never waits for an in-flight next(): a push subscription acks
+    from its delivery tasks while its pump waits for the next record."""
+    topic, group = engine_factory.new_topic(1), new_group()
+    async with engine_factory.running() as engine:
+        await produce_all(engine, topic, [(None, b"a"), (None, b"b"), (None, b"c")])
+        first = await engine.consumer(group, "c1", [topic], {})
+        records = await consume(first, 3)
+        waiting = asyncio.create_task(first.next(WAIT))  # nothing to fetch: it waits
+        slowest = 0.0
+        started = time.monotonic()
+        while time.monotonic() - started < ACKING:
+            for record in records:
+                begun = time.monotonic()
+                first.ack(record.topic, record.partition, record.offset)
+                slowest = max(slowest, time.monotonic() - begun)
+            await asyncio.sleep(ACK_PACE)  # pacing only: the acks spread over the wait
+        assert slowest < PROMPT_ACK, f"an ack took {slowest:.2f}s while next() waited"
+        assert not waiting.done(), "next() returned with no record to give"
+
+        # The wait goes on and gets the next record; close commits the acks.
+        await produce_all(engine, topic, [(None, b"d")])
+        got = await waiting
+        assert got is not None and got.value == b"d", got
+        await first.close()
+        second = await engine.consumer(group, "c2", [topic], {})
+        [again] = await consume(second, 1)
+        assert again.value == b"d", "acks made while next() waited were not committed"
+        await second.close()
