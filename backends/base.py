@@ -304,6 +304,9 @@ class Consumer(ABC):
         return self._gather([], limit)
 
     def _gather(self, records: list[Record], limit: int) -> list[Record]:
+        """`records` followed by records handed out at once, up to `limit` in all (counted
+        as next() does). This default loops on next_ready(); engines override it (with
+        take_ready()) to take a batch at once, and next_batch() then uses theirs."""
         while len(records) < limit:
             try:
                 record = self.next_ready()
