@@ -60,6 +60,7 @@ from backends.settings import json_decoder
 from tests.support.dafka_programs import Program
 from tests.support.kafka import kafka_document
 from tests.support.rafka_process import RafkaProcess, write_config
+from tests.support.redis_server import redis_benchmark
 from tests.support.tansu import TansuBroker, free_port
 from tests.support.waiting import wait_until
 
@@ -91,36 +92,6 @@ def row(name: str, ours: Sequence[float], reference: Sequence[float], reference_
 
 
 # --- Kafka engine ---------------------------------------------------------------------------
-
-
-def redis_benchmark(port: int, key: str, requests: int, pipeline: int) -> float:
-    """Requests per second of `RPUSHX <key> <100 bytes>` with 50 clients."""
-    output = subprocess.run(
-        [
-            "redis-benchmark",
-            "-h",
-            "127.0.0.1",
-            "-p",
-            str(port),
-            "-c",
-            "50",
-            "-n",
-            str(requests),
-            "-P",
-            str(pipeline),
-            "-q",
-            "--csv",
-            "RPUSHX",
-            key,
-            VALUE,
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=600,
-    ).stdout
-    last = [line for line in output.splitlines() if line.startswith('"RPUSHX')][-1]
-    return float(last.split(",")[1].strip('"'))
 
 
 def start_redis_server() -> tuple[subprocess.Popen[bytes], int]:
@@ -343,11 +314,12 @@ def kafka_bench(args: argparse.Namespace) -> None:
             for pipeline in (1, 16):
                 requests = args.records if pipeline > 1 else args.records // 4
                 ours, reference = [], []
+                rpushx = ("-P", str(pipeline), "RPUSHX")
                 for _ in range(runs):
                     key = f"topics:{bench_topic}"
-                    ours.append(redis_benchmark(gateway.port, key, requests, pipeline))
+                    ours.append(redis_benchmark(gateway.port, requests, *rpushx, key, VALUE))
                     reference.append(
-                        redis_benchmark(redis_port, "topics:bench", requests, pipeline)
+                        redis_benchmark(redis_port, requests, *rpushx, "topics:bench", VALUE)
                     )
                     wait_delivered(gateway.port)
                 row(f"  gateway -P {pipeline}", ours, reference, "redis-server")
