@@ -25,6 +25,10 @@ Every figure is the median of --runs runs (default 3), the reference's too. Prin
 and ratios; never passes or fails anything. Usage: `make bench` (`make bench
 BENCH_ARGS="--engine dafka"`), or `.venv/bin/python bench/run.py [--engine dafka|kafka|both]
 [--runs N] [--records N] ...`.
+
+Over ~500 lines on purpose: one script (bench/ is a directory of scripts, not a package)
+whose two halves, one per engine, share the rows, the record checks and the command line;
+each half is a list of small measuring functions.
 """
 
 from __future__ import annotations
