@@ -64,8 +64,8 @@ from backends.settings import json_decoder
 from tests.support.dafka_programs import Program
 from tests.support.kafka import kafka_document
 from tests.support.rafka_process import RafkaProcess, write_config
-from tests.support.redis_server import redis_benchmark
-from tests.support.tansu import TansuBroker, free_port
+from tests.support.redis_server import RedisServer, redis_benchmark
+from tests.support.tansu import TansuBroker
 from tests.support.waiting import wait_until
 
 SIZE = 100  # bytes per record
@@ -98,33 +98,12 @@ def row(name: str, ours: Sequence[float], reference: Sequence[float], reference_
 # --- Kafka engine ---------------------------------------------------------------------------
 
 
-def start_redis_server() -> tuple[subprocess.Popen[bytes], int]:
-    port = free_port()
-    server = subprocess.Popen(
-        [
-            "redis-server",
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ],
-        stdout=subprocess.DEVNULL,
-    )
-    client = redis.Redis(port=port)
-    wait_until(lambda: _pings(client), 10, "redis-server did not start")
-    client.rpush("topics:bench", "seed")  # so that RPUSHX really appends
-    return server, port
-
-
-def _pings(client: redis.Redis) -> bool:
-    try:
-        return bool(client.ping())
-    except redis.ConnectionError:
-        return False
+def start_redis_server() -> RedisServer:
+    """The reference redis-server, holding `topics:bench` so that RPUSHX really appends."""
+    server = RedisServer()
+    server.start()
+    redis.Redis(port=server.port).rpush("topics:bench", "seed")
+    return server
 
 
 def gateway_produce(port: int, topic: str, records: int, batch: int) -> float:
@@ -289,7 +268,8 @@ def kafka_bench(args: argparse.Namespace) -> None:
     with TansuBroker() as broker, tempfile.TemporaryDirectory() as scratch:
         gateway = RafkaProcess(write_config(Path(scratch) / "librdkafka.json", broker.bootstrap))
         gateway.start()
-        redis_server, redis_port = start_redis_server()
+        redis_server = start_redis_server()
+        redis_port = redis_server.port
         try:
             # The producer refuses unknown topics (as Rafka's tests require): create it,
             # and warm the gateway's producer up so the first timed request is not a cold one.
@@ -360,8 +340,7 @@ def kafka_bench(args: argparse.Namespace) -> None:
                 "direct consumer",
             )
         finally:
-            redis_server.terminate()
-            redis_server.wait()
+            redis_server.stop()
             gateway.terminate()
 
 
@@ -780,7 +759,8 @@ def dafka_bench(args: argparse.Namespace, problems: Problems) -> None:
     runs, records = args.runs, args.records
     with tempfile.TemporaryDirectory(prefix="rafka-bench-") as scratch:
         bench = DafkaBench(Path(scratch), problems, event_loop=args.event_loop)
-        redis_server, redis_port = start_redis_server()
+        redis_server = start_redis_server()
+        redis_port = redis_server.port
         try:
             print(
                 f"\n== Dafka engine: rafka gateway on :{bench.port}, embedded (its own "
@@ -863,8 +843,7 @@ def dafka_bench(args: argparse.Namespace, problems: Problems) -> None:
             for rate, windows in args.latency.items():
                 dafka_latency(bench, args, rate, windows)
         finally:
-            redis_server.terminate()
-            redis_server.wait()
+            redis_server.stop()
             bench.close()
 
 
