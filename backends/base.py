@@ -21,6 +21,10 @@ has neither) must give them Kafka's meaning:
 Reads by offset (`Engine.partition_offsets`, `Engine.read`; the gateway's LLEN and LRANGE) belong
 to no consumer group: they never join one, never commit, and never move a group's
 committed offset or a member's position.
+
+Over ~500 lines on purpose: this file is the whole contract an engine implements (the
+records, the errors with their texts, Producer, Consumer, Engine and the stats they
+count), read top to bottom by whoever writes an engine; a third of it is docstrings.
 """
 
 from __future__ import annotations
@@ -183,9 +187,8 @@ class Stats:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        # The fixed counters, then those added at run time (add_counters), in order.
         self._values: dict[str, int] = dict.fromkeys(self.COUNTERS, 0)
-        # Counters added at run time (add_counters), after the fixed ones.
-        self._extra: set[str] = set()
 
     def add_counters(self, names: Sequence[str]) -> None:
         """Counters that live as long as what they count (e.g. one HTTP push
@@ -193,17 +196,14 @@ class Stats:
         Adding a name that exists keeps its value."""
         with self._lock:
             for name in names:
-                if name not in self._values:
-                    self._values[name] = 0
-                    self._extra.add(name)
+                self._values.setdefault(name, 0)
 
     def remove_counters(self, names: Sequence[str]) -> None:
         """Forget counters added with add_counters (the fixed ones stay)."""
         with self._lock:
             for name in names:
-                if name in self._extra:
-                    self._extra.discard(name)
-                    del self._values[name]
+                if name not in self.COUNTERS:
+                    self._values.pop(name, None)
 
     def incr(self, name: str, amount: int = 1) -> None:
         with self._lock:
@@ -220,7 +220,7 @@ class Stats:
 
     def reset(self) -> None:
         with self._lock:
-            for name in (*self.COUNTERS, *self._extra):
+            for name in self._values:
                 self._values[name] = 0
 
 
@@ -304,6 +304,9 @@ class Consumer(ABC):
         return self._gather([], limit)
 
     def _gather(self, records: list[Record], limit: int) -> list[Record]:
+        """`records` followed by records handed out at once, up to `limit` in all (counted
+        as next() does). This default loops on next_ready(); engines override it (with
+        take_ready()) to take a batch at once, and next_batch() then uses theirs."""
         while len(records) < limit:
             try:
                 record = self.next_ready()

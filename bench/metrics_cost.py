@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -32,20 +31,7 @@ from gateway.commands import COMMANDS
 from gateway.latency import CommandLatency
 from gateway.runner import ServerThread
 from tests.support.engines import MemoryEngineFactory
-
-
-def redis_benchmark(port: int, requests: int, *command: str) -> float:
-    output = subprocess.run(
-        [
-            *("redis-benchmark", "-h", "127.0.0.1", "-p", str(port), "-c", "50"),
-            *("-n", str(requests), "-P", "16", "-q", "--csv", *command),
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=600,
-    ).stdout
-    return float(output.strip().splitlines()[-1].split(",")[1].strip('"'))
+from tests.support.redis_server import redis_benchmark
 
 
 async def _loop_thread() -> int:
@@ -107,7 +93,9 @@ def main() -> None:
             for _ in range(args.runs):
                 for label, server in (("off", off), ("on", on)):
                     before = time.clock_gettime(clocks[label])
-                    figures[label].append(redis_benchmark(server.port, args.requests, *command))
+                    figures[label].append(
+                        redis_benchmark(server.port, args.requests, "-P", "16", *command)
+                    )
                     used = time.clock_gettime(clocks[label]) - before
                     cpu[label].append(used / args.requests * 1e6)
             median_off = statistics.median(figures["off"])

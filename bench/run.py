@@ -25,6 +25,10 @@ Every figure is the median of --runs runs (default 3), the reference's too. Prin
 and ratios; never passes or fails anything. Usage: `make bench` (`make bench
 BENCH_ARGS="--engine dafka"`), or `.venv/bin/python bench/run.py [--engine dafka|kafka|both]
 [--runs N] [--records N] ...`.
+
+Over ~500 lines on purpose: one script (bench/ is a directory of scripts, not a package)
+whose two halves, one per engine, share the rows, the record checks and the command line;
+each half is a list of small measuring functions.
 """
 
 from __future__ import annotations
@@ -60,7 +64,8 @@ from backends.settings import json_decoder
 from tests.support.dafka_programs import Program
 from tests.support.kafka import kafka_document
 from tests.support.rafka_process import RafkaProcess, write_config
-from tests.support.tansu import TansuBroker, free_port
+from tests.support.redis_server import RedisServer, redis_benchmark
+from tests.support.tansu import TansuBroker
 from tests.support.waiting import wait_until
 
 SIZE = 100  # bytes per record
@@ -93,63 +98,12 @@ def row(name: str, ours: Sequence[float], reference: Sequence[float], reference_
 # --- Kafka engine ---------------------------------------------------------------------------
 
 
-def redis_benchmark(port: int, key: str, requests: int, pipeline: int) -> float:
-    """Requests per second of `RPUSHX <key> <100 bytes>` with 50 clients."""
-    output = subprocess.run(
-        [
-            "redis-benchmark",
-            "-h",
-            "127.0.0.1",
-            "-p",
-            str(port),
-            "-c",
-            "50",
-            "-n",
-            str(requests),
-            "-P",
-            str(pipeline),
-            "-q",
-            "--csv",
-            "RPUSHX",
-            key,
-            VALUE,
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=600,
-    ).stdout
-    last = [line for line in output.splitlines() if line.startswith('"RPUSHX')][-1]
-    return float(last.split(",")[1].strip('"'))
-
-
-def start_redis_server() -> tuple[subprocess.Popen[bytes], int]:
-    port = free_port()
-    server = subprocess.Popen(
-        [
-            "redis-server",
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ],
-        stdout=subprocess.DEVNULL,
-    )
-    client = redis.Redis(port=port)
-    wait_until(lambda: _pings(client), 10, "redis-server did not start")
-    client.rpush("topics:bench", "seed")  # so that RPUSHX really appends
-    return server, port
-
-
-def _pings(client: redis.Redis) -> bool:
-    try:
-        return bool(client.ping())
-    except redis.ConnectionError:
-        return False
+def start_redis_server() -> RedisServer:
+    """The reference redis-server, holding `topics:bench` so that RPUSHX really appends."""
+    server = RedisServer()
+    server.start()
+    redis.Redis(port=server.port).rpush("topics:bench", "seed")
+    return server
 
 
 def gateway_produce(port: int, topic: str, records: int, batch: int) -> float:
@@ -314,7 +268,8 @@ def kafka_bench(args: argparse.Namespace) -> None:
     with TansuBroker() as broker, tempfile.TemporaryDirectory() as scratch:
         gateway = RafkaProcess(write_config(Path(scratch) / "librdkafka.json", broker.bootstrap))
         gateway.start()
-        redis_server, redis_port = start_redis_server()
+        redis_server = start_redis_server()
+        redis_port = redis_server.port
         try:
             # The producer refuses unknown topics (as Rafka's tests require): create it,
             # and warm the gateway's producer up so the first timed request is not a cold one.
@@ -343,11 +298,12 @@ def kafka_bench(args: argparse.Namespace) -> None:
             for pipeline in (1, 16):
                 requests = args.records if pipeline > 1 else args.records // 4
                 ours, reference = [], []
+                rpushx = ("-P", str(pipeline), "RPUSHX")
                 for _ in range(runs):
                     key = f"topics:{bench_topic}"
-                    ours.append(redis_benchmark(gateway.port, key, requests, pipeline))
+                    ours.append(redis_benchmark(gateway.port, requests, *rpushx, key, VALUE))
                     reference.append(
-                        redis_benchmark(redis_port, "topics:bench", requests, pipeline)
+                        redis_benchmark(redis_port, requests, *rpushx, "topics:bench", VALUE)
                     )
                     wait_delivered(gateway.port)
                 row(f"  gateway -P {pipeline}", ours, reference, "redis-server")
@@ -384,8 +340,7 @@ def kafka_bench(args: argparse.Namespace) -> None:
                 "direct consumer",
             )
         finally:
-            redis_server.terminate()
-            redis_server.wait()
+            redis_server.stop()
             gateway.terminate()
 
 
@@ -804,7 +759,8 @@ def dafka_bench(args: argparse.Namespace, problems: Problems) -> None:
     runs, records = args.runs, args.records
     with tempfile.TemporaryDirectory(prefix="rafka-bench-") as scratch:
         bench = DafkaBench(Path(scratch), problems, event_loop=args.event_loop)
-        redis_server, redis_port = start_redis_server()
+        redis_server = start_redis_server()
+        redis_port = redis_server.port
         try:
             print(
                 f"\n== Dafka engine: rafka gateway on :{bench.port}, embedded (its own "
@@ -887,8 +843,7 @@ def dafka_bench(args: argparse.Namespace, problems: Problems) -> None:
             for rate, windows in args.latency.items():
                 dafka_latency(bench, args, rate, windows)
         finally:
-            redis_server.terminate()
-            redis_server.wait()
+            redis_server.stop()
             bench.close()
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -23,26 +22,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from backends.process import start
-from tests.support.certs import Certs, make_certs
+from tests.support.certs import make_certs
 from tests.support.rafka_process import RAFKA, port_answers_ping
+from tests.support.redis_server import redis_benchmark
 from tests.support.tansu import free_port
 
 VALUE = "x" * 100
-
-
-def benchmark(port: int, certs: Certs | None, args: list[str], requests: int) -> float:
-    """Requests per second redis-benchmark reports (its last CSV line)."""
-    tls = ["--tls", "--cacert", str(certs.ca)] if certs is not None else []
-    command = ["redis-benchmark", "-h", "127.0.0.1", "-p", str(port), *tls, "-c", "50"]
-    output = subprocess.run(
-        [*command, "-n", str(requests), "-q", "--csv", *args],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=600,
-    ).stdout
-    last = [line for line in output.splitlines() if line.startswith('"')][-1]
-    return float(last.split(",")[1].strip('"'))
 
 
 def main() -> int:
@@ -79,8 +64,9 @@ def main() -> int:
             ]
             print(f"redis-benchmark, 50 clients, median of {args.runs} runs", flush=True)
             for name, options, requests in cases:
-                ours = [benchmark(secure, certs, options, requests) for _ in range(args.runs)]
-                reference = [benchmark(plain, None, options, requests) for _ in range(args.runs)]
+                tls = ("--tls", "--cacert", str(certs.ca))
+                ours = [redis_benchmark(secure, requests, *tls, *options) for _ in range(args.runs)]
+                reference = [redis_benchmark(plain, requests, *options) for _ in range(args.runs)]
                 mine, theirs = statistics.median(ours), statistics.median(reference)
                 print(
                     f"TLS {name:<32} {mine:>10,.0f}/s   plaintext {theirs:>10,.0f}/s"

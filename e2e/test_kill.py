@@ -3,43 +3,19 @@ consumer's records come back at least once, duplicates bounded by what it held."
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
-
 from e2e.helpers import (
     WAIT,
-    DafkaDeployment,
     Deployment,
-    KafkaDeployment,
     Producing,
     consume,
     drain,
     kill_and_restart,
     produce,
 )
-from tests.support.engines import GATEWAY_ENGINES
 from tests.support.rafka_process import RafkaProcess
 from tests.support.waiting import wait_until
 
 ROUNDS = 5
-
-
-@pytest.fixture(params=GATEWAY_ENGINES)
-def deployment(request: pytest.FixtureRequest) -> Deployment:
-    if request.param == "kafka":
-        return KafkaDeployment(request.getfixturevalue("tansu"))
-    return DafkaDeployment()
-
-
-@pytest.fixture
-def rafka(deployment: Deployment, tmp_path: Path) -> Iterator[RafkaProcess]:
-    """A gateway whose restarts keep its port and configuration (Dafka: its data dir)."""
-    server = RafkaProcess(deployment.write_config(tmp_path / "rafka.json"))
-    server.start()
-    yield server
-    server.kill()
 
 
 def test_kill_9_mid_produce_loses_no_dumped_record(

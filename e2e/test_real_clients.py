@@ -14,18 +14,10 @@ from pathlib import Path
 import pytest
 import redis
 
-from e2e.helpers import DafkaDeployment, Deployment, KafkaDeployment
-from tests.support.engines import GATEWAY_ENGINES
+from e2e.helpers import Deployment
 from tests.support.rafka_process import REPO, RafkaProcess
 
 RUBY_CLIENT = REPO / "clients" / "ruby-example" / "rafka_example.rb"
-
-
-@pytest.fixture(scope="module", params=GATEWAY_ENGINES)
-def deployment(request: pytest.FixtureRequest) -> Deployment:
-    if request.param == "kafka":
-        return KafkaDeployment(request.getfixturevalue("tansu"))
-    return DafkaDeployment()
 
 
 @pytest.fixture(scope="module")

@@ -25,8 +25,7 @@ from pyspark.sql.streaming import StreamingQuery
 from rafka_client import Producer, Reader, Record
 from rafka_spark import RafkaSink, register
 
-from e2e.helpers import WAIT, DafkaDeployment, Deployment, KafkaDeployment
-from tests.support.engines import GATEWAY_ENGINES
+from e2e.helpers import WAIT, Deployment
 from tests.support.proxy import TcpProxy
 from tests.support.rafka_process import RafkaProcess
 from tests.support.waiting import wait_until
@@ -56,21 +55,6 @@ def spark() -> Iterator[SparkSession]:
     register(session)
     yield session
     session.stop()
-
-
-@pytest.fixture(params=GATEWAY_ENGINES)
-def deployment(request: pytest.FixtureRequest) -> Deployment:
-    if request.param == "kafka":
-        return KafkaDeployment(request.getfixturevalue("tansu"))
-    return DafkaDeployment()
-
-
-@pytest.fixture
-def rafka(deployment: Deployment, tmp_path: Path) -> Iterator[RafkaProcess]:
-    server = RafkaProcess(deployment.write_config(tmp_path / "rafka.json"))
-    server.start()
-    yield server
-    server.kill()
 
 
 def url(server: RafkaProcess) -> str:

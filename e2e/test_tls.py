@@ -17,21 +17,13 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from backends.process import Child, start
-from e2e.helpers import DafkaDeployment, Deployment, KafkaDeployment
+from e2e.helpers import Deployment
 from tests.support.certs import Certs, make_certs
-from tests.support.engines import GATEWAY_ENGINES
 from tests.support.rafka_process import RAFKA, REPO
 from tests.support.tansu import free_port
 
 RUBY_CLIENT = REPO / "clients" / "ruby-example" / "rafka_example.rb"
 USERS = {"producer": "p-secret", "consumer": "c-secret"}
-
-
-@pytest.fixture(scope="module", params=GATEWAY_ENGINES)
-def deployment(request: pytest.FixtureRequest) -> Deployment:
-    if request.param == "kafka":
-        return KafkaDeployment(request.getfixturevalue("tansu"))
-    return DafkaDeployment()
 
 
 @pytest.fixture(scope="module")

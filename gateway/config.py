@@ -350,12 +350,6 @@ def read_file(path: str) -> dict[str, Any]:
     return decode_document(text, path)
 
 
-def load_file(path: str) -> dict[str, Any]:
-    settings = check_document(read_file(path))
-    settings["config_path"] = path
-    return settings
-
-
 # --- command line ------------------------------------------------------------------------
 
 

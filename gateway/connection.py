@@ -259,8 +259,9 @@ class Connection(asyncio.Protocol):
                     now = perf_counter()
                     latency.observe(command[0] if command else b"", now - started)
                     started = now
-                size += sum(map(len, out[counted:]))
-                counted = len(out)
+                end = len(out)  # most replies are one part: no slice, no sum
+                size += len(out[-1]) if end == counted + 1 else sum(map(len, out[counted:]))
+                counted = end
                 if size >= WRITE_BATCH:
                     transport.write(b"".join(out))
                     out.clear()

@@ -3,10 +3,10 @@
 Only made when the metrics endpoint is on (`gateway.metrics_port`); a connection then
 reads the clock once per command and once per read (`time.perf_counter`; a command's time
 runs from the end of the one before it in the same read, its parsing included) and adds
-one to a bucket. The
-event loop is the only writer; the metrics endpoint reads from its own thread. A reader
-may see a command counted in its bucket and not yet in `total`: `snapshot` derives the
-count from the buckets, so that every histogram it returns is consistent in itself.
+one to a bucket. The event loop is the only writer; the metrics endpoint reads from its
+own thread. A reader may see a command counted in its bucket and not yet in `total`:
+`snapshot` derives the count from the buckets, so that every histogram it returns is
+consistent in itself.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import accumulate
 
 # Upper bounds in seconds (Prometheus `le`), from a fast command on the event loop (tens
 # of µs) to a BLPOP waiting for a record; +Inf is implicit.
@@ -95,10 +96,5 @@ class CommandLatency:
             counts = list(histogram.counts)  # one copy: the loop may add meanwhile
             if not any(counts):
                 continue
-            cumulative: list[int] = []
-            running = 0
-            for count in counts:
-                running += count
-                cumulative.append(running)
-            out.append(HistogramSnapshot(name.lower(), tuple(cumulative), histogram.total))
+            out.append(HistogramSnapshot(name.lower(), tuple(accumulate(counts)), histogram.total))
         return out

@@ -330,23 +330,13 @@ class Member(Consumer):
         return record
 
     def take_ready(self, limit: int) -> list[Record]:
-        if self._closed:
-            return []
-        records = self.group.take_many(self, limit, [])
-        if records:
-            self._engine.stats.incr(Stats.CONSUMED, len(records))
-        return records
+        return [] if self._closed else self._gather([], limit)
 
-    async def next_batch(self, limit: int, timeout: float | None) -> list[Record]:
-        ready = self.take_ready(limit)
-        if ready:
-            return ready
-        first = await self.next(timeout)
-        if first is None:
-            return []
-        records = self.group.take_many(self, limit - 1, [first])
-        if len(records) > 1:
-            self._engine.stats.incr(Stats.CONSUMED, len(records) - 1)
+    def _gather(self, records: list[Record], limit: int) -> list[Record]:
+        held = len(records)
+        records = self.group.take_many(self, limit - held, records)
+        if len(records) > held:
+            self._engine.stats.incr(Stats.CONSUMED, len(records) - held)
         return records
 
     async def next(self, timeout: float | None) -> Record | None:

@@ -186,14 +186,8 @@ class KafkaConsumer(Consumer):
             return []  # a stale buffer first serves pending rebalances (next())
         return self._take_many(limit, [])
 
-    async def next_batch(self, limit: int, timeout: float | None) -> list[Record]:
-        ready = self.take_ready(limit)
-        if ready:
-            return ready
-        first = await self.next(timeout)
-        if first is None:
-            return []
-        return self._take_many(limit - 1, [first])
+    def _gather(self, records: list[Record], limit: int) -> list[Record]:
+        return self._take_many(limit - len(records), records)
 
     def _take_many(self, limit: int, records: list[Record]) -> list[Record]:
         """Up to `limit` buffered records after `records`, under one lock. A failure is

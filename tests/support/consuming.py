@@ -11,7 +11,7 @@ from typing import Any, ParamSpec
 
 import pytest
 
-from backends.base import Consumer, Record
+from backends.base import Consumer, Engine, Record
 
 P = ParamSpec("P")
 
@@ -26,6 +26,18 @@ def asyncio_test(test: Callable[P, Coroutine[Any, Any, None]]) -> Callable[P, No
         asyncio.run(test(*args, **kwargs))
 
     return run
+
+
+Keyed = tuple[bytes | None, bytes]
+
+
+async def produce_all(engine: Engine, topic: str, records: list[Keyed]) -> None:
+    """Produce `records` (key, value) through a handle of their own and wait for them."""
+    handle = engine.producer("producing")
+    for key, value in records:
+        handle.produce(topic, key, value)
+    assert await handle.flush(WAIT) == 0, "records still outstanding after the flush"
+    await handle.close(WAIT)
 
 
 def new_group() -> str:

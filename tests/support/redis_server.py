@@ -1,6 +1,7 @@
 """A real redis-server on a random port, for tests that use plain Redis as a test double.
 
-Started with `--save '' --appendonly no` (nothing written to disk), stopped after.
+Started with `--save '' --appendonly no` (nothing written to disk), stopped after. Also
+`redis_benchmark`, the benchmarks' way to run redis-benchmark against a port.
 """
 
 from __future__ import annotations
@@ -15,6 +16,23 @@ from types import TracebackType
 import redis
 
 from tests.support.tansu import free_port
+
+
+def redis_benchmark(port: int, requests: int, *args: str) -> float:
+    """Requests per second redis-benchmark reports with 50 clients (its last CSV line);
+    `args`: its further options and the command (e.g. "-P", "16", "RPUSHX", key, value)."""
+    output = subprocess.run(
+        [
+            *("redis-benchmark", "-h", "127.0.0.1", "-p", str(port), "-c", "50"),
+            *("-n", str(requests), "-q", "--csv", *args),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=600,
+    ).stdout
+    last = [line for line in output.splitlines() if line.startswith('"')][-1]
+    return float(last.split(",")[1].strip('"'))
 
 
 class RedisServer:
