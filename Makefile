@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
 .PHONY: run test test-fast venv system-packages lint typecheck compose-check pytest bench \
-	bench-dafka bench-tls clean
+	bench-dafka bench-tls bench-idle clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -79,6 +79,11 @@ bench-dafka: venv
 # TLS vs plaintext on one gateway (embedded Dafka), with redis-benchmark (about 2 min).
 bench-tls: venv system-packages
 	$(BIN)/python bench/tls.py $(BENCH_ARGS)
+
+# 10,000 idle connections to one gateway (embedded Dafka): RSS per connection, all served
+# (about 10 s; `BENCH_ARGS="--connections N"`).
+bench-idle: venv
+	$(BIN)/python bench/idle_connections.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -11,6 +11,7 @@ import structlog
 from backends.base import EngineError
 from gateway import __version__, logs
 from gateway.config import Config, ConfigError, from_args
+from gateway.limits import size_open_files
 from gateway.runner import serve_until_signal, start_server
 
 log = structlog.get_logger("rafka")
@@ -42,6 +43,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The engine describes its own settings in there (the Kafka engine: with librdkafka's
     # version).
     log.info("starting", version=__version__, config=config.redacted())
+    size_open_files(config.max_clients)
     try:
         asyncio.run(serve(config))
     except ConfigError as error:  # e.g. a TLS file that is missing or holds no key
