@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import resource
 import threading
 import uuid
 
@@ -23,6 +24,19 @@ from backends.dafka.config import Config
 log = structlog.get_logger(__name__)
 
 _instances = itertools.count()
+
+
+def allow_sockets(context: zmq.Context | None = None) -> int:
+    """Let `context` (the shared instance by default) open as many sockets as the process
+    may open files, instead of libzmq's 1,023: a gateway holds about six per partition it
+    writes, so the default stopped it at ~170 partitions ("Too many open files"). Takes
+    effect only before the context's first socket. Returns the limit set."""
+    ctx = context or zmq.Context.instance()
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    cap = ctx.get(zmq.SOCKET_LIMIT)
+    limit = cap if soft == resource.RLIM_INFINITY else max(1023, min(soft, cap))
+    ctx.set(zmq.MAX_SOCKETS, limit)
+    return limit
 
 
 class Node:

@@ -78,10 +78,14 @@ class Producer:
         address: str | None = None,
         first_sequence: int = 0,
         on_ack: Callable[[int], None] | None = None,
+        ignore_peers: Callable[[str], bool] | None = None,
     ) -> None:
         """`address` and `first_sequence` let an owner resume a partition it wrote before
         (the gateway's stable partitions); by default a new partition starts at 0.
-        `on_ack(last_acked)` runs on the actor thread whenever an ACK releases records."""
+        `on_ack(last_acked)` runs on the actor thread whenever an ACK releases records.
+        `ignore_peers(address)` True: a peer this producer does not connect to, one known
+        to send no ACK or FETCH (the gateway's other partition writers: without it, N
+        writers in one process hold N² connections)."""
         self._topic_bytes = check_topic(topic)
         self.topic = topic
         if first_sequence < 0:
@@ -91,6 +95,7 @@ class Producer:
             raise ValueError(f"a partition address is 32 upper-case hex digits: {address!r}")
         self.first_sequence = first_sequence
         self._on_ack = on_ack
+        self._ignore_peers = ignore_peers
         self._config = config
         self._context = context or zmq.Context.instance()
         self._terminate_unacked = config.get_int("producer/terminate_unacked", 0) == 1
@@ -225,7 +230,7 @@ class Producer:
             self.port = bind_data_socket(pub, self._config, sub)
             sub.setsockopt(zmq.SUBSCRIBE, proto.subscription(proto.ACK, self.address))
             sub.setsockopt(zmq.SUBSCRIBE, proto.subscription(proto.FETCH, self.address))
-            beacon = Beacon(self._config, self.address, ctx)
+            beacon = Beacon(self._config, self.address, ctx, self._ignore_peers)
             beacon.wait_ready()
             beacon.start(self.port)
         except BaseException as error:  # handed to the constructor, which re-raises it
