@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
 .PHONY: run test test-fast venv system-packages lint typecheck compose-check pytest bench \
-	bench-dafka bench-tls bench-idle clean
+	bench-dafka bench-tls bench-idle bench-growth clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -84,6 +84,12 @@ bench-tls: venv system-packages
 # (about 10 s; `BENCH_ARGS="--connections N"`).
 bench-idle: venv
 	$(BIN)/python bench/idle_connections.py $(BENCH_ARGS)
+
+# How cost grows: produce/consume rates and gateway RSS with 1, 100, 1,000 topics and 1, 10,
+# 100 groups, both engines, next to the 1-topic/1-group figure (a few minutes; each shape
+# bounded by --bound).
+bench-growth: venv
+	$(BIN)/python bench/growth.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

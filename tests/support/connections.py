@@ -14,8 +14,15 @@ PONG = b"+PONG\r\n"
 
 def raise_open_files(needed: int) -> int:
     """Raise the soft RLIMIT_NOFILE towards the hard limit (processes started afterwards
-    inherit it); the soft limit now in force."""
+    inherit it), and the hard limit too where allowed (root); the soft limit now in
+    force."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < needed:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (needed, needed))
+            return needed
+        except (ValueError, OSError):
+            pass  # not allowed: up to the hard limit
     wanted = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
     if soft != resource.RLIM_INFINITY and soft < wanted:
         resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
