@@ -233,13 +233,20 @@ def median_of_runs(engine: str, topics: int, groups: int, args: argparse.Namespa
     )
 
 
-def print_row(label: str, figures: Figures, reference: Figures) -> None:
-    produce, consume = figures.produce / reference.produce, figures.consume / reference.consume
-    rss = figures.rss / reference.rss
+def print_row(label: str, figures: Figures, reference: Figures | None) -> None:
+    """The figures, with their ratios to the reference (none when the 1-topic, 1-group
+    shape failed)."""
+
+    def ratio(mine: float, theirs: float | None) -> str:
+        return f"{mine / theirs:5.2f}" if theirs else "    -"
+
+    produce = ratio(figures.produce, reference.produce if reference else None)
+    consume = ratio(figures.consume, reference.consume if reference else None)
+    rss = ratio(figures.rss, reference.rss if reference else None)
     print(
-        f"  {label:<20} {figures.produce:>9,.0f}/s {produce:5.2f}   "
-        f"{figures.consume:>9,.0f}/s {consume:5.2f}   "
-        f"{figures.rss / 2**20:>7,.1f} MiB {rss:5.2f}   {figures.setup:6.1f} s",
+        f"  {label:<20} {figures.produce:>9,.0f}/s {produce}   "
+        f"{figures.consume:>9,.0f}/s {consume}   "
+        f"{figures.rss / 2**20:>7,.1f} MiB {rss}   {figures.setup:6.1f} s",
         flush=True,
     )
 
@@ -281,7 +288,8 @@ def main() -> int:
             figures = measure(engine, topics, groups, args)
             if figures is None:
                 continue
-            reference = reference or figures
+            if (topics, groups) == SHAPES[0]:
+                reference = figures
             label = f"{topics} topic{'s' * (topics > 1)}, {groups} group{'s' * (groups > 1)}"
             print_row(label, figures, reference)
     return 0
