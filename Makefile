@@ -11,7 +11,7 @@ BENCH_ARGS ?=
 SOAK_ARGS ?=
 
 .PHONY: run test test-fast venv system-packages lint typecheck compose-check pytest bench \
-	bench-dafka bench-tls bench-push soak bench-spark pipeline clean
+	bench-dafka bench-tls bench-push bench-idle bench-growth soak bench-spark pipeline clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -104,6 +104,17 @@ bench-push: venv
 # `make soak SOAK_ARGS="--engine kafka --duration 60"`; `--help` for the rest.
 soak: venv system-packages
 	$(BIN)/python -m e2e.soak $(SOAK_ARGS)
+
+# 10,000 idle connections to one gateway (embedded Dafka): RSS per connection, all served
+# (about 10 s; `BENCH_ARGS="--connections N"`).
+bench-idle: venv
+	$(BIN)/python bench/idle_connections.py $(BENCH_ARGS)
+
+# How cost grows: produce/consume rates and gateway RSS with 1, 100, 1,000 topics and 1, 10,
+# 100 groups, both engines, next to the 1-topic/1-group figure (a few minutes; each shape
+# bounded by --bound).
+bench-growth: venv
+	$(BIN)/python bench/growth.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -11,6 +11,7 @@ import structlog
 from backends.base import EngineError
 from gateway import __version__, logs
 from gateway.config import Config, ConfigError, from_args
+from gateway.limits import size_open_files
 from gateway.loops import loop_factory
 from gateway.runner import serve_until_signal, start_server
 
@@ -43,6 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The engine describes its own settings in there (the Kafka engine: with librdkafka's
     # version).
     log.info("starting", version=__version__, config=config.redacted())
+    size_open_files(config.max_clients)
     try:
         with asyncio.Runner(loop_factory=loop_factory(config.event_loop)) as runner:
             runner.run(serve(config))

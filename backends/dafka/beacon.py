@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import structlog
 import zmq
@@ -111,8 +111,17 @@ def bind_data_socket(sock: zmq.Socket, config: Config, *subscribers: zmq.Socket)
 class Beacon:
     """One node's beacon; every method must be called from the owner's thread."""
 
-    def __init__(self, config: Config, sender: str, context: zmq.Context | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        sender: str,
+        context: zmq.Context | None = None,
+        ignore: Callable[[str], bool] | None = None,
+    ) -> None:
+        """`ignore(sender)` True: never connect to that peer (a node that can send its
+        owner nothing it subscribes to, e.g. another producer for a producer)."""
         self.sender = sender
+        self._ignore = ignore
         self._sender_bytes = sender.encode()
         self._address = config.get("beacon/address").encode()
         self._interval = max(1, config.get_int("beacon/interval"))
@@ -249,6 +258,8 @@ class Beacon:
         except UnicodeDecodeError:
             return None
         if not endpoint.startswith("tcp://"):
+            return None
+        if self._ignore is not None and self._ignore(sender):
             return None
         self.senders[sender] = endpoint
         known = endpoint in self.peers

@@ -47,6 +47,7 @@ from backends.dafka.config import Config as DafkaConfig
 from backends.dafka.embedded import EmbeddedNetwork, EmbeddedNetworkError
 from backends.dafka.envelope import unwrap
 from backends.dafka.groups import Group, Member
+from backends.dafka.node import allow_sockets
 from backends.dafka.observer import NotSettled, Observer
 from backends.dafka.offsets import OFFSETS_TOPIC, CommitLog
 from backends.dafka.partitions import PartitionMap, make_partitioner
@@ -233,6 +234,7 @@ class DafkaEngine(Engine):
     async def start(self) -> None:
         settings = self.settings
         self._loop = asyncio.get_running_loop()
+        allow_sockets()  # before any socket of this process's context
         await self._network.start()
         try:
             observer, self._reader = await asyncio.gather(

@@ -207,8 +207,22 @@ class Group:
             part = _Partition(topic, address, number)
             self.parts[(topic, address)] = part
             self.by_number[(topic, number)] = part
-            self._rebalance()
+            self._assign_new(part)
         return part
+
+    def _assign_new(self, part: _Partition) -> None:
+        """Give a partition just found its owner. With at most one member on its topic,
+        every other partition of the topic already has the owner _rebalance would give
+        them, so only this one is assigned (constant time: a group that meets a topic of
+        P partitions no longer does P whole rebalances); with more, a whole rebalance
+        (the round-robin by partition number may move others)."""
+        members = [member for member in self.members if part.topic in member.topic_set]
+        if len(members) > 1:
+            self._rebalance()
+            return
+        if members:
+            self._reassign(part, members[0])
+            members[0].wake()
 
     # --- events from the reader (loop thread) -----------------------------------------
 
@@ -299,6 +313,7 @@ class Member(Consumer):
         self.group = group
         self.name = name
         self.topics = list(dict.fromkeys(topics))
+        self.topic_set = frozenset(self.topics)  # membership in constant time
         self.reset = reset
         self.owned: set[_Partition] = set()
         self.join_order = next(_joins)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import resource
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -53,8 +54,24 @@ def messages(sock: zmq.Socket, limit: int | None = None) -> Iterator[proto.Messa
         yield msg
 
 
+def allow_sockets(context: zmq.Context | None = None) -> int:
+    """Let `context` (the shared instance by default) open as many sockets as the process
+    may open files, instead of libzmq's 1,023: a gateway holds about six per partition it
+    writes, so the default stopped it at ~170 partitions ("Too many open files"). Takes
+    effect only before the context's first socket. Returns the limit set."""
+    ctx = context or zmq.Context.instance()
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    cap = ctx.get(zmq.SOCKET_LIMIT)
+    limit = cap if soft == resource.RLIM_INFINITY else max(1023, min(soft, cap))
+    ctx.set(zmq.MAX_SOCKETS, limit)
+    return limit
+
+
 class Actor:
     kind = "actor"  # for thread names, pipe endpoints and log lines
+    # Peers (by address) whose beacons this actor ignores: ones that can send it nothing it
+    # subscribes to. A subclass sets it before calling __init__.
+    _ignore_peers: Callable[[str], bool] | None = None
 
     def __init__(
         self,
@@ -136,7 +153,7 @@ class Actor:
             pipe = socket(zmq.PAIR)
             pipe.connect(self._pipe_endpoint)
             self.port = self._open(socket)
-            beacon = Beacon(self._config, self.address, self._context)
+            beacon = Beacon(self._config, self.address, self._context, self._ignore_peers)
             beacon.wait_ready()
             beacon.start(self.port)
         except BaseException as error:  # handed to the constructor, which re-raises it

@@ -47,6 +47,12 @@ def own_address(topic: str, number: int) -> str:
     return f"{RAFKA_MARK}{topic_digest(topic)}{number:08X}"
 
 
+def is_own_address(address: str) -> bool:
+    """A gateway partition's address (any gateway's): such a partition writer publishes
+    records and heads, and never sends another producer an ACK or a FETCH."""
+    return len(address) == 32 and address.startswith(RAFKA_MARK)
+
+
 def foreign_number(address: str) -> int:
     return FOREIGN_BASE + (zlib.crc32(address.encode()) & (FOREIGN_BASE - 1))
 

@@ -78,10 +78,14 @@ class Producer(Actor):
         address: str | None = None,
         first_sequence: int = 0,
         on_ack: Callable[[int], None] | None = None,
+        ignore_peers: Callable[[str], bool] | None = None,
     ) -> None:
         """`address` and `first_sequence` let an owner resume a partition it wrote before
         (the gateway's stable partitions); by default a new partition starts at 0.
-        `on_ack(last_acked)` runs on the actor thread whenever an ACK releases records."""
+        `on_ack(last_acked)` runs on the actor thread whenever an ACK releases records.
+        `ignore_peers(address)` True: a peer this producer does not connect to, one known
+        to send no ACK or FETCH (the gateway's other partition writers: without it, N
+        writers in one process hold N² connections)."""
         self._topic_bytes = check_topic(topic)
         self.topic = topic
         if first_sequence < 0:
@@ -92,6 +96,7 @@ class Producer(Actor):
             raise ValueError(f"a partition address is 32 upper-case hex digits: {address!r}")
         self.first_sequence = first_sequence
         self._on_ack = on_ack
+        self._ignore_peers = ignore_peers
         self._terminate_unacked = config.get_int("producer/terminate_unacked", 0) == 1
         self._head_interval = max(1, config.get_int("producer/head_interval", 1000))
         self._hwm = config.get_int("producer/high_watermark", 1_000_000)

@@ -18,7 +18,7 @@ import structlog
 
 from backends.base import ProduceError, Producer, QueueFullError, Stats
 from backends.dafka.envelope import MAGIC, wrap
-from backends.dafka.partitions import own_address
+from backends.dafka.partitions import is_own_address, own_address
 from backends.dafka.producer import Producer as DafkaProducer
 
 if TYPE_CHECKING:
@@ -131,6 +131,8 @@ class PartitionWriter:
             address=self.address,
             first_sequence=head + 1,
             on_ack=self._on_ack_thread,
+            # The other writers (ours and other gateways'): O(N) connections, not O(N²).
+            ignore_peers=is_own_address,
         )
 
     def _on_ack_thread(self, last_acked: int) -> None:

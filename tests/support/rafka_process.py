@@ -8,6 +8,7 @@ import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from backends.process import Child, start
 from tests.support.kafka import kafka_document
@@ -75,3 +76,25 @@ def write_config(path: Path, bootstrap: str) -> Path:
     """The tests' Kafka configuration (tests/support/kafka.py) as a `rafka -c` file."""
     path.write_text(json.dumps(kafka_document(bootstrap), indent=2))
     return path
+
+
+def start_rafka(
+    workdir: Path, document: dict[str, Any], *args: str, wrapper: Sequence[str] = ()
+) -> tuple[Child, int]:
+    """`rafka` with `document` as its configuration file, listening on a free loopback
+    port, its data directory (embedded engine) in `workdir`; the child and its port.
+    `wrapper` runs it (e.g. `prlimit --nofile=...`, which execs it under the same pid).
+    The caller stops it (`child.stop(timeout)`)."""
+    port = free_port()
+    config = workdir / "rafka.json"
+    config.write_text(json.dumps(document))
+    argv = [*wrapper, str(RAFKA), "-c", str(config), "--host", "127.0.0.1", "-p", str(port)]
+    child = start(
+        [*argv, "--data-dir", str(workdir / "data"), *args],
+        name="rafka",
+        ready=lambda: port_answers_ping(port),
+        timeout=60,
+        cwd=REPO,
+        env={"PYTHONUNBUFFERED": "1"},
+    )
+    return child, port
