@@ -355,7 +355,12 @@ class _Actor:
         """FETCH what the owner has room for, unless a FETCH for it is under way."""
         part = cursor.part
         if cursor.credit <= 0 or part.head < cursor.next:
+            # No FETCH counts as under way any more: the next pump (a grant, a head) asks
+            # at once. A FETCH out of the `fetching` timeouts' sight would otherwise keep
+            # blocking it: a fresh cursor's FETCH asks past its credit (MAX_FETCH // 10),
+            # so credit can run out before `fetch_end`, and a grant then fetched nothing.
             self.fetching.discard(cursor)
+            cursor.fetch_end = 0
             return
         if cursor.fetch_end > cursor.next and cursor.fetch_until > now:
             return
