@@ -212,7 +212,9 @@ def test_blpop_without_acks_goes_on_past_consume_batch(
         for _ in range(count):
             record = c.blpop([key], 10)
             assert record is not None, f"BLPOP waited 10 s for nothing after {len(got)} records"
-            got.append(record[-1])
+            value = record[-1]
+            assert isinstance(value, bytes), record
+            got.append(value)
 
     # The first record taken, the next batch is produced while the gateway holds its
     # share of the first (consume_batch), then the rest is taken without acks.
