@@ -345,7 +345,8 @@ class _Actor:
             cursor.next = seq + 1
             cursor.credit -= 1
             self.events.append(("record", cursor.key, seq, msg.content, cursor.generation))
-            if cursor.next >= cursor.fetch_end:
+            if cursor.next >= cursor.fetch_end or cursor.credit <= 0:
+                # Done, or out of credit: the rest of its answers would be dropped.
                 self.fetching.discard(cursor)
                 self._pump(cursor, now_ms())
 
@@ -355,7 +356,14 @@ class _Actor:
         """FETCH what the owner has room for, unless a FETCH for it is under way."""
         part = cursor.part
         if cursor.credit <= 0 or part.head < cursor.next:
+            # No FETCH counts as under way any more: the next pump (a grant, a head) asks
+            # at once. A fresh cursor's FETCH asks past its credit (MAX_FETCH // 10), so
+            # credit can run out before `fetch_end`: the rest of that FETCH's answers are
+            # dropped, and a FETCH still counted (out of the `fetching` timeouts' sight
+            # once discarded) made the grant fetch nothing: a consumer without acks
+            # stopped after consume_batch records.
             self.fetching.discard(cursor)
+            cursor.fetch_end = 0
             return
         if cursor.fetch_end > cursor.next and cursor.fetch_until > now:
             return

@@ -47,8 +47,10 @@ def settings_for(config: Config, **overrides: object) -> DafkaSettings:
 
 
 @asynccontextmanager
-async def engine_on(config: Config, **overrides: object) -> AsyncIterator[DafkaEngine]:
-    options = EngineOptions(consume_batch=50, stop_flush_timeout=0.5)
+async def engine_on(
+    config: Config, consume_batch: int = 50, **overrides: object
+) -> AsyncIterator[DafkaEngine]:
+    options = EngineOptions(consume_batch=consume_batch, stop_flush_timeout=0.5)
     engine = DafkaEngine(Stats(), settings_for(config, **overrides), options)
     await engine.start()
     try:
@@ -189,6 +191,31 @@ def test_a_backlog_larger_than_the_buffer_arrives_whole_and_in_order(network: Co
             records = await take(member, len(values))
             assert [r.value for r in records] == values
             assert [r.offset for r in records] == list(range(len(values)))
+            await member.close()
+
+    run(body())
+
+
+def test_a_live_member_that_never_acks_keeps_receiving_past_the_buffer(network: Config) -> None:
+    """A member joined before the records, taking them without acks: acks only commit, so
+    it must get every record, not stop once `consume_batch` of them were handed out.
+    Each batch is produced (and stored) before the member takes it, so the reader's credit
+    runs out while later records are live. A lost-FETCH timeout longer than the test makes
+    a grant that sends no FETCH a lasting stall, as it is whenever no later record comes."""
+    network.set("consumer/fetch_retry_interval", 60_000)
+
+    async def body() -> None:
+        async with engine_on(network, consume_batch=10, partitions=1) as engine:
+            member = await engine.consumer("g", "c", ["t"], {"auto.offset.reset": "earliest"})
+            producer = engine.producer("s1")
+            values = [b"%03d" % i for i in range(40)]
+            got: list[Record] = []
+            for first in range(0, len(values), 20):
+                producer.produce_many("t", None, values[first : first + 20])
+                assert await producer.flush(WAIT) == 0
+                got += await take(member, 20, ack=False)
+            assert [r.value for r in got] == values
+            assert [r.offset for r in got] == list(range(len(values)))
             await member.close()
 
     run(body())

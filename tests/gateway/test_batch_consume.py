@@ -183,6 +183,52 @@ def test_a_client_gone_mid_pipeline_gets_its_unacked_records_again(
         assert again.read_reply() is None, "nothing acked came again"
 
 
+@pytest.fixture(scope="module")
+def small_batch_server(engine_name: str, gateway_config: GatewayConfig) -> Iterator[ServerThread]:
+    with running(gateway_config(engine_name, consume_batch=10)) as gateway:
+        yield gateway
+
+
+def test_blpop_without_acks_goes_on_past_consume_batch(
+    small_batch_server: ServerThread, new_topic: Callable[[int], str]
+) -> None:
+    """Acks only commit offsets: a member that joined before the records and never acks
+    gets every record, in order, not only the first gateway.consume_batch (10 here)."""
+    server = small_batch_server
+    topic = new_topic(1)
+    key = f'topics:{topic}:{{"auto.offset.reset":"earliest"}}'
+    c = client(server, client_name=f"g{secrets.token_hex(4)}:live")
+    assert c.blpop([key], 1) is None, "joins the group before any record"
+    values = [b"n%d" % i for i in range(60)]
+    got: list[bytes] = []
+    producer = client(server)
+
+    def push(first: int, end: int) -> None:
+        # No DUMP: the member takes records while later ones are still arriving.
+        batch = values[first:end]
+        assert producer.execute_command("RPUSHX", f"topics:{topic}", *batch) == len(batch)
+
+    def take(count: int) -> None:
+        for _ in range(count):
+            record = c.blpop([key], 10)
+            assert record is not None, f"BLPOP waited 10 s for nothing after {len(got)} records"
+            value = record[-1]
+            assert isinstance(value, bytes), record
+            got.append(value)
+
+    # The first record taken, the next batch is produced while the gateway holds its
+    # share of the first (consume_batch), then the rest is taken without acks.
+    push(0, 20)
+    take(1)
+    push(20, 40)
+    take(39)
+    push(40, 60)
+    take(20)
+    assert got == values, "every record once, in offset order"
+    producer.close()
+    c.close()
+
+
 @pytest.mark.parametrize("protocol", [2, 3])
 def test_a_batch_is_encoded_as_the_list_of_blpop_records_would_be(protocol: int) -> None:
     """BLMPOP encodes its records in one pass: the bytes are those of the generic encoder
