@@ -15,6 +15,7 @@ from pathlib import Path
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+from rocksdict import AccessType, Options, Rdict
 
 from tests.support.rafka_process import RafkaProcess, write_config
 from tests.support.tansu import TansuBroker
@@ -134,6 +135,26 @@ def drain(
             client.execute_command("RPUSH", "acks", ack)
     finally:
         client.close()
+
+
+def store_entries(db: Path, prefix: bytes) -> list[tuple[bytes, bytes]] | None:
+    """The (key, value) pairs under `prefix` in a Dafka store's RocksDB, read without
+    disturbing the store (read-only mode takes no lock); None while it cannot be opened."""
+    if not (db / "CURRENT").exists():
+        return None
+    try:
+        store = Rdict(str(db), options=Options(raw_mode=True), access_type=AccessType.read_only())
+    except Exception:  # rocksdict raises plain Exception, e.g. a WAL rotated while opening
+        return None
+    try:
+        entries = []
+        for key, value in store.items(from_key=prefix):
+            if not (isinstance(key, bytes) and key.startswith(prefix)):
+                break  # the keys under a prefix are adjacent
+            entries.append((key, value))
+        return entries
+    finally:
+        store.close()
 
 
 def kill_and_restart(server: RafkaProcess) -> RafkaProcess:

@@ -9,32 +9,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from rocksdict import AccessType, Options, Rdict
 
+from e2e.helpers import store_entries
 from tests.support.dafka_programs import Program, zpl
 from tests.support.tansu import free_port
 from tests.support.waiting import wait_until
 
 
 def stored_heads(db: Path, topic: str) -> list[int] | None:
-    """Head sequences of `topic` in a store's database, read without disturbing the store
-    (RocksDB read-only mode takes no lock); None while the database cannot be opened yet."""
-    if not (db / "CURRENT").exists():
-        return None
-    prefix = b"H" + topic.encode() + b"\0"
-    try:
-        store = Rdict(str(db), options=Options(raw_mode=True), access_type=AccessType.read_only())
-    except Exception:  # rocksdict raises plain Exception, e.g. a WAL rotated while opening
-        return None
-    try:
-        heads = []
-        for key, value in store.items(from_key=prefix):
-            if not (isinstance(key, bytes) and key.startswith(prefix)):
-                break  # head keys of one subject are adjacent (spec §5.2)
-            heads.append(int.from_bytes(value, "big"))
-        return heads
-    finally:
-        store.close()
+    """Head sequences of `topic` in a store's database (spec §5.2: one key per partition);
+    None while the database cannot be opened yet."""
+    entries = store_entries(db, b"H" + topic.encode() + b"\0")
+    return None if entries is None else [int.from_bytes(value, "big") for _, value in entries]
 
 
 def contents(consumer: Program) -> list[str]:

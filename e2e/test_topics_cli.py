@@ -15,9 +15,8 @@ from typing import Any
 
 import pytest
 import redis
-from rocksdict import AccessType, Options, Rdict
 
-from e2e.helpers import dafka_document
+from e2e.helpers import dafka_document, store_entries
 from tests.support.dafka_programs import BIN, Program, zpl
 from tests.support.rafka_process import RafkaProcess, write_config
 from tests.support.tansu import TansuBroker, free_port
@@ -93,22 +92,9 @@ def group_lines(described: str, group: str) -> dict[int, tuple[int, int]]:
 
 
 def records_of(db: Path, topic: str) -> int | None:
-    """How many records of `topic` a store's RocksDB holds, read without disturbing the
-    store (read-only mode takes no lock); None while it cannot be opened."""
-    prefix = b"M" + topic.encode() + b"\0"
-    try:
-        store = Rdict(str(db), options=Options(raw_mode=True), access_type=AccessType.read_only())
-    except Exception:  # rocksdict raises plain Exception, e.g. a WAL rotated while opening
-        return None
-    try:
-        count = 0
-        for key in store.keys(from_key=prefix):
-            if not (isinstance(key, bytes) and key.startswith(prefix)):
-                break
-            count += 1
-        return count
-    finally:
-        store.close()
+    """How many records of `topic` a store's RocksDB holds; None while it cannot be opened."""
+    entries = store_entries(db, b"M" + topic.encode() + b"\0")
+    return None if entries is None else len(entries)
 
 
 def wait_records(db: Path, topic: str, count: int) -> None:

@@ -10,60 +10,9 @@ import asyncio
 from collections.abc import Callable
 
 
-class IdleTimer:
-    def __init__(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        timeout: float,
-        busy: Callable[[], bool],
-        expire: Callable[[], None],
-    ) -> None:
-        """`timeout` 0 never expires. While `busy()` the connection counts as active (a
-        command waits, the client does not read our replies, it is a monitor)."""
-        self._loop = loop
-        self._timeout = timeout
-        self._busy = busy
-        self._expire = expire
-        self._handle: asyncio.TimerHandle | None = None
-        self._last_activity = 0.0
-
-    def start(self) -> None:
-        if self._timeout:
-            self._last_activity = self._loop.time()
-            self._handle = self._loop.call_later(self._timeout, self._check)
-
-    def touch(self) -> None:
-        if self._timeout:
-            self._last_activity = self._loop.time()
-
-    def cancel(self) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
-
-    def _check(self) -> None:
-        self._handle = None
-        now = self._loop.time()
-        if self._busy():
-            self._last_activity = now
-        elif now - self._last_activity >= self._timeout:
-            self._expire()
-            return
-        self._handle = self._loop.call_later(
-            self._timeout - (now - self._last_activity), self._check
-        )
-
-
-class PartialCommandTimer:
-    """Close a connection whose command takes more than `timeout` seconds to arrive in
-    full: a client that trickles a byte now and then is never silent, so the idle
-    timeout alone would keep its unfinished command (and its buffer) for ever.
-
-    The connection reports after each parse whether a command is unfinished and whether
-    one completed (then the unfinished one is new). One timer, armed while a command is
-    unfinished; time spent `busy()` (a command waits, the client does not read our
-    replies: the bytes behind are not being parsed) does not count.
-    """
+class _ConnectionTimer:
+    """What both timers share: one `call_later` handle that `_check` re-arms, and the
+    callbacks `busy()` (the connection counts as active) and `expire()` (close it)."""
 
     def __init__(
         self,
@@ -78,7 +27,53 @@ class PartialCommandTimer:
         self._busy = busy
         self._expire = expire
         self._handle: asyncio.TimerHandle | None = None
-        self._since: float | None = None  # when the unfinished command started
+
+    def cancel(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+
+class IdleTimer(_ConnectionTimer):
+    """While `busy()` the connection counts as active (a command waits, the client does
+    not read our replies, it is a monitor)."""
+
+    _last_activity = 0.0
+
+    def start(self) -> None:
+        if self._timeout:
+            self._last_activity = self._loop.time()
+            self._handle = self._loop.call_later(self._timeout, self._check)
+
+    def touch(self) -> None:
+        if self._timeout:
+            self._last_activity = self._loop.time()
+
+    def _check(self) -> None:
+        self._handle = None
+        now = self._loop.time()
+        if self._busy():
+            self._last_activity = now
+        elif now - self._last_activity >= self._timeout:
+            self._expire()
+            return
+        self._handle = self._loop.call_later(
+            self._timeout - (now - self._last_activity), self._check
+        )
+
+
+class PartialCommandTimer(_ConnectionTimer):
+    """Close a connection whose command takes more than `timeout` seconds to arrive in
+    full: a client that trickles a byte now and then is never silent, so the idle
+    timeout alone would keep its unfinished command (and its buffer) for ever.
+
+    The connection reports after each parse whether a command is unfinished and whether
+    one completed (then the unfinished one is new). One timer, armed while a command is
+    unfinished; time spent `busy()` (a command waits, the client does not read our
+    replies: the bytes behind are not being parsed) does not count.
+    """
+
+    _since: float | None = None  # when the unfinished command started
 
     def parsed(self, unfinished: bool, completed: bool) -> None:
         """After a parse: is a command unfinished, and did one complete meanwhile?"""
@@ -91,11 +86,6 @@ class PartialCommandTimer:
             self._since = self._loop.time()
         if self._handle is None:
             self._handle = self._loop.call_later(self._timeout, self._check)
-
-    def cancel(self) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
 
     def _check(self) -> None:
         self._handle = None

@@ -282,17 +282,7 @@ class KafkaConsumer(Consumer):
                 self._log.info("Poll: Transient error", error=error.str(), code=error.code())
                 return None
             return _Failure(error.str())
-        topic, partition, offset = message.topic(), message.partition(), message.offset()
-        assert topic is not None and partition is not None and offset is not None
-        kind, stamp = message.timestamp()
-        return Record(
-            topic=topic,
-            partition=partition,
-            offset=offset,
-            key=message.key(),
-            value=message.value(),
-            timestamp_ms=None if kind == TIMESTAMP_NOT_AVAILABLE else stamp,
-        )
+        return record_of(message)
 
     def _on_assign(self, _: RdConsumer, partitions: list[TopicPartition]) -> None:
         """Runs on the worker thread; confluent-kafka assigns after it returns."""
@@ -425,3 +415,18 @@ class KafkaConsumer(Consumer):
         if left:  # never handed out, so never acked: the group delivers them again
             self._log.info("records returned to the group", records=left)
         self._log.info("Bye")
+
+
+def record_of(message: Message) -> Record:
+    """A consumed librdkafka message (no error) as the engine interface's Record."""
+    topic, partition, offset = message.topic(), message.partition(), message.offset()
+    assert topic is not None and partition is not None and offset is not None
+    kind, stamp = message.timestamp()
+    return Record(
+        topic=topic,
+        partition=partition,
+        offset=offset,
+        key=message.key(),
+        value=message.value(),
+        timestamp_ms=None if kind == TIMESTAMP_NOT_AVAILABLE else stamp,
+    )

@@ -25,16 +25,16 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from confluent_kafka import Consumer as RdConsumer
 from confluent_kafka import (
-    TIMESTAMP_NOT_AVAILABLE,
     KafkaError,
     KafkaException,
     Message,
     TopicPartition,
 )
-from confluent_kafka import Consumer as RdConsumer
 
 from backends.base import PartitionOffsets, ReadError, Record, UnknownPartitionError
+from backends.kafka.consumer import record_of
 from backends.kafka.texts import creation_error_text, error_text
 
 T = TypeVar("T")
@@ -200,7 +200,7 @@ class _Reader:
                 continue
             if offset > stop:
                 return records
-            records.append(_record(message))
+            records.append(record_of(message))
             if len(records) >= limit or offset == stop:
                 return records
 
@@ -224,17 +224,3 @@ class _Reader:
         if error.code() == KafkaError._TRANSPORT:
             return None  # resolves itself, or the deadline says so
         raise ReadError(error.str())
-
-
-def _record(message: Message) -> Record:
-    topic, partition, offset = message.topic(), message.partition(), message.offset()
-    assert topic is not None and partition is not None and offset is not None
-    kind, stamp = message.timestamp()
-    return Record(
-        topic=topic,
-        partition=partition,
-        offset=offset,
-        key=message.key(),
-        value=message.value(),
-        timestamp_ms=None if kind == TIMESTAMP_NOT_AVAILABLE else stamp,
-    )

@@ -84,7 +84,7 @@ def parse_timeout(raw: bytes, default: float) -> float | None:
     return seconds
 
 
-def record_reply(record: Record) -> Reply:
+def record_reply(record: Record) -> list[Reply]:
     return [
         b"topic",
         record.topic.encode(),

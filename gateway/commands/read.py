@@ -28,6 +28,7 @@ import re
 from backends.base import PartitionOffsets, ReadError, Record, UnknownPartitionError
 from gateway import errors
 from gateway.commands.base import Answer, Reply, text
+from gateway.commands.consume import record_reply
 from gateway.session import Session
 
 PARTITION_LIMIT = 2**31
@@ -72,15 +73,9 @@ def resolve_range(start: int, stop: int, following: int) -> tuple[int, int] | No
 
 
 def record_fields(record: Record) -> Reply:
+    """BLPOP's fields of a record, then its key and timestamp."""
     return [
-        b"topic",
-        record.topic.encode(),
-        b"partition",
-        record.partition,
-        b"offset",
-        record.offset,
-        b"value",
-        record.value,
+        *record_reply(record),
         b"key",
         record.key,
         b"timestamp",

@@ -17,7 +17,7 @@ from backends.dafka.store import Store
 from backends.dafka.test_peer import TestPeer
 from backends.dafka.tower import Tower
 from tests.dafka.consumers import ConsumerFactory
-from tests.dafka.stores import link, store_records
+from tests.dafka.stores import link_with_sentinel
 
 
 def make_config(tmp_path: Path) -> Config:
@@ -73,8 +73,7 @@ def store(store_config: Config, tower: Tower) -> Iterator[Store]:
 
 @pytest.fixture
 def linked(test_peer: TestPeer, store: Store) -> TestPeer:
-    link(test_peer, store)
-    store_records(test_peer, "sentinel", [b"end"])
+    link_with_sentinel(test_peer, store)
     return test_peer
 
 

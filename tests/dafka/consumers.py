@@ -4,7 +4,7 @@ expects (the fixture `make_consumer` is in conftest.py)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from backends.dafka import proto
 from backends.dafka.consumer import Consumer
@@ -43,9 +43,26 @@ def subscribe(peer: TestPeer, consumer: Consumer, topic: str, earliest: bool = T
         assert get_heads.topic == topic.encode()
 
 
+def subscribed_consumer(
+    make_consumer: ConsumerFactory, peer: TestPeer, reset: str = "earliest", /, **options: object
+) -> Consumer:
+    """A consumer (`make_consumer(reset, **options)`) linked to the peer and subscribed to
+    "hello"; an earliest one's GET_HEADS is taken."""
+    consumer = make_consumer(reset, **options)
+    link(peer, consumer)
+    subscribe(peer, consumer, "hello", earliest=reset == "earliest")
+    return consumer
+
+
 def direct(peer: TestPeer, consumer: Consumer, topic: str, seq: int, content: bytes) -> None:
     """A FETCH answer: DIRECT_RECORD of the peer's partition, routed to the consumer."""
     peer.send_direct_record(consumer.address, topic, seq, content)
+
+
+def direct_each(peer: TestPeer, consumer: Consumer, topic: str, sequences: Iterable[int]) -> None:
+    """A DIRECT_RECORD `r<seq>` for each of `sequences`."""
+    for seq in sequences:
+        direct(peer, consumer, topic, seq, f"r{seq}".encode())
 
 
 def expect_fetch(peer: TestPeer, consumer: Consumer, sequence: int, timeout: float = 5.0) -> None:

@@ -59,6 +59,13 @@ def store_records(peer: TestPeer, topic: str, contents: list[bytes]) -> None:
     recv_until_ack(peer, topic, len(contents) - 1)
 
 
+def link_with_sentinel(peer: TestPeer, store: Store) -> None:
+    """`link`, then a record of topic "sentinel" stored and acknowledged: the store's
+    writer takes the peer's RECORDs from then on."""
+    link(peer, store)
+    store_records(peer, "sentinel", [b"end"])
+
+
 def recv_fetch(peer: TestPeer, store: Store, timeout: float = 5) -> Message:
     """The next FETCH sent by `store`'s writer (other FETCHes are skipped)."""
     deadline = time.monotonic() + timeout

@@ -15,7 +15,13 @@ from backends.dafka.store import Store
 from backends.dafka.store.retention import RetentionPolicy
 from backends.dafka.test_peer import TestPeer
 from backends.dafka.tower import Tower
-from tests.dafka.stores import direct_records_of, link, recv_until_ack, store_records
+from tests.dafka.stores import (
+    direct_records_of,
+    link,
+    link_with_sentinel,
+    recv_until_ack,
+    store_records,
+)
 from tests.support.waiting import wait_until
 
 
@@ -65,8 +71,7 @@ def test_delete_drops_records_keeps_heads_and_the_partition_continues(
     store_config: Config, tower: Tower, test_peer: TestPeer
 ) -> None:
     with Store(store_config, zmq.Context.instance()) as store:
-        link(test_peer, store)
-        store_records(test_peer, "sentinel", [b"end"])
+        link_with_sentinel(test_peer, store)
         store_records(test_peer, "doomed", [b"d%d" % i for i in range(5)])
         store_records(test_peer, "kept", [b"k0", b"k1"])
         partition = test_peer.address.encode()

@@ -22,9 +22,11 @@ from tests.dafka.consumers import (
     ConsumerFactory,
     assert_nothing_more,
     direct,
+    direct_each,
     expect_fetch,
     link,
     subscribe,
+    subscribed_consumer,
     take,
 )
 from tests.support.waiting import wait_until
@@ -68,9 +70,7 @@ def test_store_reader_subscription_triggers_consumer_hello(
 ) -> None:
     """Hello trigger (b) of spec §4.4: a store reader's SUB subscribing `W<reader uuid>` on
     the consumer's XPUB gets a CONSUMER_HELLO at once (here a plain SUB plays the reader)."""
-    consumer = make_consumer()
-    link(test_peer, consumer)
-    subscribe(test_peer, consumer, "hello")
+    consumer = subscribed_consumer(make_consumer, test_peer)
     reader = "0123456789ABCDEF0123456789ABCDEF"
     sub: zmq.Socket = zmq.Context.instance().socket(zmq.SUB)
     sub.setsockopt(zmq.LINGER, 0)
@@ -106,9 +106,7 @@ def test_first_record_earliest_fetches_from_zero(
 ) -> None:
     """Scenarios 4 and 13; with the gap buffer, the record that revealed the gap is
     delivered too, after record 0 (spec §10.14)."""
-    consumer = make_consumer()
-    link(test_peer, consumer)
-    subscribe(test_peer, consumer, "hello")
+    consumer = subscribed_consumer(make_consumer, test_peer)
     test_peer.send_record("hello", 1, b"CONTENT 1")
     expect_fetch(test_peer, consumer, 0)
     assert_nothing_more(consumer)  # 1 waits for 0
@@ -123,9 +121,7 @@ def test_first_record_latest_is_delivered_directly(
     make_consumer: ConsumerFactory, test_peer: TestPeer
 ) -> None:
     """Scenarios 5 and 14: no GET_HEADS, and the first record seen is delivered."""
-    consumer = make_consumer("latest")
-    link(test_peer, consumer)
-    subscribe(test_peer, consumer, "hello", earliest=False)
+    consumer = subscribed_consumer(make_consumer, test_peer, "latest")
     test_peer.send_record("hello", 2, b"CONTENT")
     assert consumer.get(5) == DafkaRecord("hello", test_peer.address, 2, b"CONTENT")
     test_peer.send_record("hello", 3, b"NEXT")
@@ -138,13 +134,10 @@ def test_latest_head_delivers_only_the_newest_record(
     make_consumer: ConsumerFactory, test_peer: TestPeer
 ) -> None:
     """Latest mode: a HEAD(h) of an unknown partition FETCHes h, and nothing before it."""
-    consumer = make_consumer("latest")
-    link(test_peer, consumer)
-    subscribe(test_peer, consumer, "hello", earliest=False)
+    consumer = subscribed_consumer(make_consumer, test_peer, "latest")
     test_peer.send_head("hello", 7)
     expect_fetch(test_peer, consumer, 7)
-    for seq in (5, 6, 7):
-        direct(test_peer, consumer, "hello", seq, f"r{seq}".encode())
+    direct_each(test_peer, consumer, "hello", (5, 6, 7))
     assert take(consumer, 1) == [(7, b"r7")]
     assert_nothing_more(consumer)
 
@@ -155,9 +148,7 @@ def test_latest_head_delivers_only_the_newest_record(
 def test_duplicates_and_late_records_are_not_redelivered(
     make_consumer: ConsumerFactory, test_peer: TestPeer
 ) -> None:
-    consumer = make_consumer("latest")
-    link(test_peer, consumer)
-    subscribe(test_peer, consumer, "hello", earliest=False)
+    consumer = subscribed_consumer(make_consumer, test_peer, "latest")
     test_peer.send_record("hello", 0, b"a")
     test_peer.send_record("hello", 1, b"b")
     assert take(consumer, 2) == [(0, b"a"), (1, b"b")]
@@ -171,9 +162,7 @@ def test_duplicates_and_late_records_are_not_redelivered(
 def test_exact_topic_matching(make_consumer: ConsumerFactory, test_peer: TestPeer) -> None:
     """Spec §10.11: subscribing `hello` never delivers `hello2`, whether the message comes
     through the topic prefix or addressed to the consumer directly."""
-    consumer = make_consumer()
-    link(test_peer, consumer)
-    subscribe(test_peer, consumer, "hello")
+    consumer = subscribed_consumer(make_consumer, test_peer)
     test_peer.send_record("hello2", 0, b"wrong topic")
     test_peer.send_head("hello2", 5)
     direct(test_peer, consumer, "hello2", 0, b"wrong topic, direct")
@@ -198,9 +187,7 @@ def test_gap_records_are_buffered_and_delivered_in_order(
     make_consumer: ConsumerFactory, test_peer: TestPeer
 ) -> None:
     """Spec §10.14: records arriving during a gap wait for the FETCH answer."""
-    consumer = make_consumer()
-    link(test_peer, consumer)
-    subscribe(test_peer, consumer, "hello")
+    consumer = subscribed_consumer(make_consumer, test_peer)
     for seq in (1, 2, 3):
         test_peer.send_record("hello", seq, f"r{seq}".encode())
     expect_fetch(test_peer, consumer, 0)
@@ -216,9 +203,9 @@ def test_gap_buffer_is_bounded_and_the_rest_is_fetched(
     make_consumer: ConsumerFactory, test_peer: TestPeer
 ) -> None:
     """Beyond `consumer/gap_buffer` records are dropped and FETCHed again later."""
-    consumer = make_consumer(**{"consumer/gap_buffer": 2, "consumer/fetch_retry_interval": 100})
-    link(test_peer, consumer)
-    subscribe(test_peer, consumer, "hello")
+    consumer = subscribed_consumer(
+        make_consumer, test_peer, **{"consumer/gap_buffer": 2, "consumer/fetch_retry_interval": 100}
+    )
     for seq in (1, 2, 3, 4):
         test_peer.send_record("hello", seq, f"r{seq}".encode())
     expect_fetch(test_peer, consumer, 0)
@@ -233,9 +220,9 @@ def test_gap_buffer_is_bounded_and_the_rest_is_fetched(
 
 def test_unanswered_fetch_is_retried(make_consumer: ConsumerFactory, test_peer: TestPeer) -> None:
     """Spec §10.14: a FETCH that got no answer is sent again while the gap stays open."""
-    consumer = make_consumer(**{"consumer/fetch_retry_interval": 200})
-    link(test_peer, consumer)
-    subscribe(test_peer, consumer, "hello")
+    consumer = subscribed_consumer(
+        make_consumer, test_peer, **{"consumer/fetch_retry_interval": 200}
+    )
     test_peer.send_record("hello", 1, b"r1")
     expect_fetch(test_peer, consumer, 0)  # lost: the peer does not answer it
     started = time.monotonic()
@@ -251,9 +238,9 @@ def test_head_after_unanswered_fetch_fetches_again(
 ) -> None:
     """Spec §10.10 (derived 31): in earliest mode "nothing delivered" is -1, so every HEAD
     ahead of the offset asks again, not only the first one (retry timer off here)."""
-    consumer = make_consumer(**{"consumer/fetch_retry_interval": 600_000})
-    link(test_peer, consumer)
-    subscribe(test_peer, consumer, "hello")
+    consumer = subscribed_consumer(
+        make_consumer, test_peer, **{"consumer/fetch_retry_interval": 600_000}
+    )
     test_peer.send_head("hello", 2)
     expect_fetch(test_peer, consumer, 0)
     # The fetch filter allows one FETCH per second: HEADs keep coming until one passes.
@@ -265,8 +252,7 @@ def test_head_after_unanswered_fetch_fetches_again(
             break
         except TimeoutError:
             assert time.monotonic() < deadline, "a later HEAD never triggered a new FETCH"
-    for seq in range(3):
-        direct(test_peer, consumer, "hello", seq, f"r{seq}".encode())
+    direct_each(test_peer, consumer, "hello", range(3))
     assert take(consumer, 3) == [(0, b"r0"), (1, b"r1"), (2, b"r2")]
 
 
@@ -276,9 +262,7 @@ def test_head_after_unanswered_fetch_fetches_again(
 def test_unsubscribe_stops_delivery_and_keeps_the_offset(
     make_consumer: ConsumerFactory, test_peer: TestPeer
 ) -> None:
-    consumer = make_consumer("latest")
-    link(test_peer, consumer)
-    subscribe(test_peer, consumer, "hello", earliest=False)
+    consumer = subscribed_consumer(make_consumer, test_peer, "latest")
     consumer.subscribe("hello")  # a second subscribe is a no-op
     consumer.subscribe("other")
     assert consumer.subscriptions() == ["hello", "other"]
@@ -303,12 +287,12 @@ def test_sink_receives_records_in_order_on_the_consumer_thread(
     make_consumer: ConsumerFactory, test_peer: TestPeer
 ) -> None:
     received: list[tuple[str, int, bytes]] = []
-    consumer = make_consumer(
+    consumer = subscribed_consumer(
+        make_consumer,
+        test_peer,
         "latest",
         sink=lambda r: received.append((threading.current_thread().name, r.sequence, r.content)),
     )
-    link(test_peer, consumer)
-    subscribe(test_peer, consumer, "hello", earliest=False)
     for seq in range(5):
         test_peer.send_record("hello", seq, f"r{seq}".encode())
     wait_until(lambda: len(received) == 5, 5, f"the sink got {received}")
@@ -330,9 +314,7 @@ def test_sink_may_call_the_consumer(make_consumer: ConsumerFactory, test_peer: T
         seen.append((record.sequence, consumer.subscriptions()))
         consumer.unsubscribe("hello")
 
-    consumer = make_consumer("latest", sink=sink)
-    link(test_peer, consumer)
-    subscribe(test_peer, consumer, "hello", earliest=False)
+    consumer = subscribed_consumer(make_consumer, test_peer, "latest", sink=sink)
     test_peer.send_record("hello", 0, b"r0")
     test_peer.send_record("hello", 1, b"r1")  # after the unsubscribe: not delivered
     wait_until(lambda: consumer.subscriptions() == [], 5, "the sink's unsubscribe did not run")
@@ -342,9 +324,7 @@ def test_sink_may_call_the_consumer(make_consumer: ConsumerFactory, test_peer: T
 def test_malformed_messages_are_dropped(
     make_consumer: ConsumerFactory, test_peer: TestPeer
 ) -> None:
-    consumer = make_consumer("latest")
-    link(test_peer, consumer)
-    subscribe(test_peer, consumer, "hello", earliest=False)
+    consumer = subscribed_consumer(make_consumer, test_peer, "latest")
     good = proto.encode(
         proto.Message(
             proto.RECORD, b"hello", address=test_peer.address, subject="hello", sequence=0

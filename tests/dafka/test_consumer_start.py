@@ -16,9 +16,10 @@ from tests.dafka.consumers import (
     ConsumerFactory,
     assert_nothing_more,
     direct,
+    direct_each,
     expect_fetch,
     link,
-    subscribe,
+    subscribed_consumer,
     take,
 )
 
@@ -31,15 +32,13 @@ def test_missed_partition_is_found_by_a_later_get_heads(
     """The stores had nothing of a partition when they got the GET_HEADS sent at subscribe,
     and its producer's RECORDs and HEADs never reach us (it exited, or it is on another
     tower): a GET_HEADS sent later finds it, and every record is delivered."""
-    consumer = make_consumer(**{"consumer/heads_interval": 200})
-    link(test_peer, consumer)
-    subscribe(test_peer, consumer, "hello")  # takes the first GET_HEADS: left unanswered
+    # Subscribing takes the first GET_HEADS: left unanswered.
+    consumer = subscribed_consumer(make_consumer, test_peer, **{"consumer/heads_interval": 200})
     again = test_peer.recv_id(proto.GET_HEADS, 3)
     assert (again.topic, again.address) == (b"hello", consumer.address)
     test_peer.send_direct_head(consumer.address, "hello", 2)
     expect_fetch(test_peer, consumer, 0)
-    for seq in range(3):
-        direct(test_peer, consumer, "hello", seq, f"r{seq}".encode())
+    direct_each(test_peer, consumer, "hello", range(3))
     assert take(consumer, 3) == [(0, b"r0"), (1, b"r1"), (2, b"r2")]
 
 
@@ -49,11 +48,11 @@ def test_stale_head_then_a_later_get_heads_fetches_the_rest(
     """The stores answered with a stale head (only record 0 committed) and served only
     record 0: caught up with what it was told, the consumer still asks again later and
     gets the records committed since, with no producer traffic reaching it."""
-    consumer = make_consumer(
-        **{"consumer/heads_interval": 200, "consumer/fetch_retry_interval": 100}
+    consumer = subscribed_consumer(
+        make_consumer,
+        test_peer,
+        **{"consumer/heads_interval": 200, "consumer/fetch_retry_interval": 100},
     )
-    link(test_peer, consumer)
-    subscribe(test_peer, consumer, "hello")
     test_peer.send_direct_head(consumer.address, "hello", 0)
     expect_fetch(test_peer, consumer, 0)
     direct(test_peer, consumer, "hello", 0, b"r0")
@@ -61,8 +60,7 @@ def test_stale_head_then_a_later_get_heads_fetches_the_rest(
     test_peer.recv_id(proto.GET_HEADS, 3)  # asked again although nothing was missing
     test_peer.send_direct_head(consumer.address, "hello", 4)
     expect_fetch(test_peer, consumer, 1)
-    for seq in range(1, 5):
-        direct(test_peer, consumer, "hello", seq, f"r{seq}".encode())
+    direct_each(test_peer, consumer, "hello", range(1, 5))
     assert take(consumer, 4) == [(seq, f"r{seq}".encode()) for seq in range(1, 5)]
     assert_nothing_more(consumer)
 
@@ -111,13 +109,10 @@ def test_retention_tail_starts_a_fresh_partition_at_the_oldest_record(
 ) -> None:
     """Earliest mode: a FETCH answer starting at s > 0 on a partition with nothing delivered
     means the stores keep nothing older, so delivery starts at s."""
-    consumer = make_consumer()
-    link(test_peer, consumer)
-    subscribe(test_peer, consumer, "hello")
+    consumer = subscribed_consumer(make_consumer, test_peer)
     test_peer.send_head("hello", 7)
     expect_fetch(test_peer, consumer, 0)
-    for seq in (5, 6, 7):
-        direct(test_peer, consumer, "hello", seq, f"r{seq}".encode())
+    direct_each(test_peer, consumer, "hello", (5, 6, 7))
     assert take(consumer, 3) == [(5, b"r5"), (6, b"r6"), (7, b"r7")]
     direct(test_peer, consumer, "hello", 4, b"r4")  # older than what was delivered
     assert_nothing_more(consumer)
@@ -128,15 +123,12 @@ def test_seek_before_the_partition_is_known(
 ) -> None:
     """seek() on an unknown partition applies when it is first seen; nothing before it is
     delivered, and the retention-tail rule does not override it."""
-    consumer = make_consumer()
-    link(test_peer, consumer)
-    subscribe(test_peer, consumer, "hello")
+    consumer = subscribed_consumer(make_consumer, test_peer)
     consumer.seek("hello", test_peer.address, 5)
     test_peer.send_record("hello", 7, b"r7")
     expect_fetch(test_peer, consumer, 5)
     direct(test_peer, consumer, "hello", 6, b"r6")  # not the start: it waits for 5
-    for seq in (3, 4):
-        direct(test_peer, consumer, "hello", seq, f"r{seq}".encode())
+    direct_each(test_peer, consumer, "hello", (3, 4))
     assert_nothing_more(consumer)
     direct(test_peer, consumer, "hello", 5, b"r5")
     assert take(consumer, 3) == [(5, b"r5"), (6, b"r6"), (7, b"r7")]
@@ -146,9 +138,7 @@ def test_seek_before_the_partition_is_known(
 def test_seek_on_a_known_partition_fetches_from_there(
     make_consumer: ConsumerFactory, test_peer: TestPeer
 ) -> None:
-    consumer = make_consumer("latest")
-    link(test_peer, consumer)
-    subscribe(test_peer, consumer, "hello", earliest=False)
+    consumer = subscribed_consumer(make_consumer, test_peer, "latest")
     test_peer.send_record("hello", 0, b"r0")
     assert take(consumer, 1) == [(0, b"r0")]
     consumer.seek("hello", test_peer.address, 10)

@@ -26,6 +26,7 @@ from backends.dafka.tower import Tower
 from tests.dafka.stores import (
     direct_records_of,
     link,
+    link_with_sentinel,
     other_db,
     recv_until_ack,
     store_records,
@@ -116,8 +117,7 @@ def test_fetch_below_the_tail_answers_from_the_tail(
     store_config.set("store/topics/trimmed/retention/bytes", 30)
     store_config.set("store/retention/check_interval", 20)
     with Store(store_config, zmq.Context.instance()) as store:
-        link(test_peer, store)
-        store_records(test_peer, "sentinel", [b"end"])
+        link_with_sentinel(test_peer, store)
         store_records(test_peer, "trimmed", [b"%010d" % i for i in range(10)])
         partition = test_peer.address.encode()
         wait_until(
@@ -149,8 +149,7 @@ def test_restarted_store_serves_what_it_acknowledged(
     store_config: Config, tower: Tower, test_peer: TestPeer
 ) -> None:
     with Store(store_config, zmq.Context.instance()) as first:
-        link(test_peer, first)
-        store_records(test_peer, "sentinel", [b"end"])
+        link_with_sentinel(test_peer, first)
         store_records(test_peer, "restart", [b"a", b"b", b"c"])
     with Store(store_config, zmq.Context.instance()) as again:
         link(test_peer, again, nth=2)

@@ -5,7 +5,7 @@ between pipelined batches, and at least once when a client goes away mid-pipelin
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -14,27 +14,8 @@ from backends.base import Record
 from gateway.commands.consume import batch_reply, record_reply
 from gateway.resp import encode
 from gateway.runner import ServerThread
-from tests.support.engines import GATEWAY_ENGINES
-from tests.support.fixtures import EngineFactories, GatewayConfig
-from tests.support.gateway import Raw, client, running
+from tests.support.gateway import Raw, client
 from tests.support.waiting import wait_until
-
-
-@pytest.fixture(scope="module", params=GATEWAY_ENGINES)
-def engine_name(request: pytest.FixtureRequest) -> str:
-    name: str = request.param
-    return name
-
-
-@pytest.fixture(scope="module")
-def server(engine_name: str, gateway_config: GatewayConfig) -> Iterator[ServerThread]:
-    with running(gateway_config(engine_name)) as gateway:
-        yield gateway
-
-
-@pytest.fixture(scope="module")
-def new_topic(engine_name: str, engines: EngineFactories) -> Callable[[int], str]:
-    return engines(engine_name).new_topic
 
 
 def named(server: ServerThread, group: str, name: str) -> Raw:

@@ -14,8 +14,7 @@ import redis
 
 from gateway.config import from_dict
 from gateway.runner import ServerThread
-from tests.support.engines import GATEWAY_ENGINES
-from tests.support.fixtures import EngineFactories, GatewayConfig
+from tests.support.fixtures import GatewayConfig
 from tests.support.gateway import Raw, client, running
 from tests.support.tansu import TansuBroker, free_port
 from tests.support.waiting import wait_until
@@ -24,23 +23,11 @@ from tests.support.waiting import wait_until
 DEFAULT_TIMEOUT = 1.0
 
 
-@pytest.fixture(scope="module", params=GATEWAY_ENGINES)
-def engine_name(request: pytest.FixtureRequest) -> str:
-    name: str = request.param
-    return name
-
-
 @pytest.fixture(scope="module")
 def server(engine_name: str, gateway_config: GatewayConfig) -> Iterator[ServerThread]:
     config = gateway_config(engine_name, blpop_default_timeout=DEFAULT_TIMEOUT)
     with running(config) as gateway:
         yield gateway
-
-
-@pytest.fixture(scope="module")
-def new_topic(engine_name: str, engines: EngineFactories) -> Callable[[int], str]:
-    """A fresh topic of the server's engine, with that many partitions."""
-    return engines(engine_name).new_topic
 
 
 @pytest.fixture(scope="module")

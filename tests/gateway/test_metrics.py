@@ -19,8 +19,8 @@ import redis
 from gateway.config import ConfigError, from_args, from_dict
 from gateway.runner import ServerThread
 from gateway.stats import ServerStats
-from tests.support.engines import GATEWAY_ENGINES, MemoryEngineFactory
-from tests.support.fixtures import EngineFactories, GatewayConfig
+from tests.support.engines import MemoryEngineFactory
+from tests.support.fixtures import GatewayConfig
 from tests.support.gateway import refused
 from tests.support.kafka import kafka_document
 from tests.support.metrics import Scrape, scrape, scrape_until
@@ -29,17 +29,6 @@ from tests.support.tansu import free_port
 
 PRODUCED = 12
 KEYS = ("a", "b", "c", "d")  # CRC32 (both engines' default): "d" to partition 0, the others 1
-
-
-@pytest.fixture(scope="module", params=GATEWAY_ENGINES)
-def engine_name(request: pytest.FixtureRequest) -> str:
-    name: str = request.param
-    return name
-
-
-@pytest.fixture(scope="module")
-def new_topic(engine_name: str, engines: EngineFactories) -> Callable[[int], str]:
-    return engines(engine_name).new_topic
 
 
 def metrics_threads() -> list[threading.Thread]:

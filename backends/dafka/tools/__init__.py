@@ -12,11 +12,15 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from typing import TypeVar
 
 import structlog
 
 from backends.dafka.beacon import TowerUnreachable
 from backends.dafka.config import Config, ConfigError
+
+Actor = TypeVar("Actor")
 
 
 def configure_logging(verbose: bool) -> None:
@@ -80,6 +84,32 @@ def run(prog: str, body: Callable[[], int]) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+def serve(
+    prog: str,
+    description: str,
+    argv: Sequence[str] | None,
+    section: str,
+    verbose_keys: Sequence[str],
+    start: Callable[[Config], AbstractContextManager[Actor]],
+    listening: Callable[[Actor, Config], str],
+    tower: bool = False,
+) -> int:
+    """The daemons' `main`: parse the options, `start` the actor from the config, say on
+    stderr where it `listening` and run until SIGINT or SIGTERM."""
+
+    def body() -> int:
+        args = parser(prog, description, tower).parse_args(argv)
+        configure_logging(args.verbose)
+        config = load_config(args, section, verbose_keys)
+        with start(config) as actor:
+            # One line on stderr so that supervisors (and tests) know we are listening.
+            print(f"{prog}: {listening(actor, config)}", file=sys.stderr, flush=True)
+            wait_for_signal()
+        return 0
+
+    return run(prog, body)
 
 
 def wait_for_signal() -> None:

@@ -5,28 +5,27 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
+from backends.dafka.config import Config
 from backends.dafka.store import Store
-from backends.dafka.tools import configure_logging, load_config, parser, run, wait_for_signal
+from backends.dafka.tools import serve
 
 PROG = "dafka-stored"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    def body() -> int:
-        args = parser(PROG, "Store every Dafka record and serve it to consumers.").parse_args(argv)
-        configure_logging(args.verbose)
-        config = load_config(args, "beacon", ["beacon/verbose", "store/verbose"])
-        with Store(config) as store:
-            print(
-                f"{PROG}: store {store.address} reader {store.reader_address} "
-                f"db {config.get('store/db')}",
-                file=sys.stderr,
-                flush=True,
-            )
-            wait_for_signal()
-        return 0
+def _listening(store: Store, config: Config) -> str:
+    return f"store {store.address} reader {store.reader_address} db {config.get('store/db')}"
 
-    return run(PROG, body)
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return serve(
+        PROG,
+        "Store every Dafka record and serve it to consumers.",
+        argv,
+        "beacon",
+        ["beacon/verbose", "store/verbose"],
+        Store,
+        _listening,
+    )
 
 
 if __name__ == "__main__":

@@ -5,31 +5,28 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from backends.dafka.tools import configure_logging, load_config, parser, run, wait_for_signal
+from backends.dafka.config import Config
+from backends.dafka.tools import serve
 from backends.dafka.tower import Tower
 
 PROG = "dafka-towerd"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    def body() -> int:
-        args = parser(PROG, "Relay Dafka beacons so that nodes find each other.", True).parse_args(
-            argv
-        )
-        configure_logging(args.verbose)
-        config = load_config(args, "tower", ["tower/verbose"])
-        with Tower(config) as tower:
-            # One line on stderr so that supervisors (and tests) know we are listening.
-            print(
-                f"{PROG}: listening sub={','.join(tower.sub_endpoints)} "
-                f"pub={','.join(tower.pub_endpoints)}",
-                file=sys.stderr,
-                flush=True,
-            )
-            wait_for_signal()
-        return 0
+def _listening(tower: Tower, config: Config) -> str:
+    return f"listening sub={','.join(tower.sub_endpoints)} pub={','.join(tower.pub_endpoints)}"
 
-    return run(PROG, body)
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return serve(
+        PROG,
+        "Relay Dafka beacons so that nodes find each other.",
+        argv,
+        "tower",
+        ["tower/verbose"],
+        Tower,
+        _listening,
+        tower=True,
+    )
 
 
 if __name__ == "__main__":

@@ -13,14 +13,21 @@ DEFAULT_LIMITS = ParserLimits()
 RAFKA_LIMITS = ParserLimits(max_arguments=20)  # the original Rafka's argument limit
 
 
-def feed_pieces(parser: RequestParser, pieces: list[bytes]) -> Outcome:
-    """Feed the pieces one read at a time, taking every complete command after each."""
+def feed_pieces(
+    parser: RequestParser,
+    pieces: list[bytes],
+    after_read: Callable[[bytes], None] | None = None,
+) -> Outcome:
+    """Feed the pieces one read at a time, taking every complete command after each (then
+    calling `after_read(piece)`, if given)."""
     commands: list[list[bytes]] = []
     try:
         for piece in pieces:
             parser.feed(piece)
             while (command := parser.get_command()) is not None:
                 commands.append(command)
+            if after_read is not None:
+                after_read(piece)
     except ProtocolError as error:
         return commands, str(error)
     return commands, None

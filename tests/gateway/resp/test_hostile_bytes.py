@@ -26,7 +26,7 @@ from gateway.resp import (
     RequestParser,
     encode_many,
 )
-from tests.gateway.resp.parsing import Outcome
+from tests.gateway.resp.parsing import Outcome, feed_pieces
 
 HOSTILE = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -86,20 +86,17 @@ def feed_checked(parser: RequestParser, pieces: list[bytes], limits: ParserLimit
     bytes held for the unfinished command against the bound after each read. Any
     exception but ProtocolError propagates and fails the test."""
     bound = max(limits.max_query_buffer, limits.max_inline_length) + HEADER_LINE
-    commands: list[list[bytes]] = []
-    try:
-        for piece in pieces:
-            parser.feed(piece)
-            while (command := parser.get_command()) is not None:
-                commands.append(command)
-            assert parser.buffered <= bound + len(piece), (
-                f"{parser.buffered} bytes held, bound {bound} + read {len(piece)}"
-            )
-            assert parser.pending == (parser.buffered > 0)
-    except ProtocolError as error:
+
+    def check(piece: bytes) -> None:
+        assert parser.buffered <= bound + len(piece), (
+            f"{parser.buffered} bytes held, bound {bound} + read {len(piece)}"
+        )
+        assert parser.pending == (parser.buffered > 0)
+
+    outcome = feed_pieces(parser, pieces, check)
+    if outcome[1] is not None:
         assert parser.buffered == 0, "a failed parser keeps no bytes"
-        return commands, str(error)
-    return commands, None
+    return outcome
 
 
 @HOSTILE
