@@ -5,7 +5,7 @@ between pipelined batches, and at least once when a client goes away mid-pipelin
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -14,7 +14,8 @@ from backends.base import Record
 from gateway.commands.consume import batch_reply, record_reply
 from gateway.resp import encode
 from gateway.runner import ServerThread
-from tests.support.gateway import Raw, client
+from tests.support.fixtures import GatewayConfig
+from tests.support.gateway import Raw, client, running
 from tests.support.waiting import wait_until
 
 
