@@ -71,6 +71,10 @@ def test_rafka_runs_on_uvloop_from_the_command_line(tmp_path: Path) -> None:
             raw.command("PING")
             assert raw.read_reply() == "PONG"
         assert gateway.child is not None
+        # uvloop is imported only when chosen (gateway/loops.py): its extension mapped in
+        # the process shows the flag took effect, where a PONG alone would not.
+        maps = Path(f"/proc/{gateway.child.popen.pid}/maps").read_text()
+        assert "uvloop/loop" in maps, "rafka --event-loop uvloop did not load uvloop"
         gateway.child.popen.send_signal(signal.SIGTERM)
         assert gateway.child.popen.wait(30) == 0, gateway.stderr()
     finally:
