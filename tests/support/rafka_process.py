@@ -4,27 +4,18 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from backends.ports import answers_ping
 from backends.process import Child, start
 from tests.support.kafka import kafka_document
 from tests.support.tansu import free_port
 
 RAFKA = Path(sys.executable).parent / "rafka"
 REPO = Path(__file__).resolve().parents[2]
-
-
-def port_answers_ping(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
-            sock.sendall(b"PING\r\n")
-            return sock.recv(16) == b"+PONG\r\n"
-    except OSError:
-        return False
 
 
 class RafkaProcess:
@@ -46,7 +37,7 @@ class RafkaProcess:
         self.child = start(
             [*self.wrapper, *argv, "-p", str(self.port), *self.args],
             name="rafka",
-            ready=lambda: port_answers_ping(self.port),
+            ready=lambda: answers_ping(self.port),
             timeout=20,
             cwd=REPO,
             env={"PYTHONUNBUFFERED": "1"},
@@ -92,7 +83,7 @@ def start_rafka(
     child = start(
         [*argv, "--data-dir", str(workdir / "data"), *args],
         name="rafka",
-        ready=lambda: port_answers_ping(port),
+        ready=lambda: answers_ping(port),
         timeout=60,
         cwd=REPO,
         env={"PYTHONUNBUFFERED": "1"},
