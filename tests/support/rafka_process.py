@@ -63,6 +63,16 @@ class RafkaProcess:
         return code
 
 
+def exit_status(child: Child) -> int:
+    """A benchmark's exit status once its stopped `rafka` has exited: 0 when rafka exited
+    0, else 1, with rafka's exit code and last lines on stderr."""
+    code = child.returncode
+    if code != 0:
+        print(f"rafka exited with {code}: {child.stderr_lines[-5:]}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def write_config(path: Path, bootstrap: str) -> Path:
     """The tests' Kafka configuration (tests/support/kafka.py) as a `rafka -c` file."""
     path.write_text(json.dumps(kafka_document(bootstrap), indent=2))
