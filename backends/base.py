@@ -34,7 +34,7 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, TypeAlias
+from typing import NamedTuple, Self, TypeAlias
 
 
 @dataclass(frozen=True, slots=True)
@@ -524,3 +524,9 @@ class Admin(ABC):
     @abstractmethod
     async def close(self) -> None:
         """Release every connection (and whatever the admin started). Idempotent."""
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
