@@ -9,10 +9,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from backends.ports import answers_ping
+from backends.ports import answers_ping, free_port
 from backends.process import Child, start
 from tests.support.kafka import kafka_document
-from tests.support.tansu import free_port
 
 RAFKA = Path(sys.executable).parent / "rafka"
 REPO = Path(__file__).resolve().parents[2]
