@@ -487,7 +487,8 @@ TOPIC_CONFIG_KEYS = ("retention.ms", "retention.bytes")
 
 class Admin(ABC):
     """Topic administration on one engine's deployment. Every method raises AdminError
-    (or a subclass) only; `close()` once at the end, also after an error."""
+    (or a subclass) only; `close()` once at the end, also after an error (`async with`
+    does it)."""
 
     @abstractmethod
     async def create_topic(self, name: str, partitions: int, config: Mapping[str, str]) -> None:
