@@ -34,7 +34,7 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, TypeAlias
+from typing import NamedTuple, Self, TypeAlias
 
 
 @dataclass(frozen=True, slots=True)
@@ -487,7 +487,8 @@ TOPIC_CONFIG_KEYS = ("retention.ms", "retention.bytes")
 
 class Admin(ABC):
     """Topic administration on one engine's deployment. Every method raises AdminError
-    (or a subclass) only; `close()` once at the end, also after an error."""
+    (or a subclass) only; `close()` once at the end, also after an error (`async with`
+    does it)."""
 
     @abstractmethod
     async def create_topic(self, name: str, partitions: int, config: Mapping[str, str]) -> None:
@@ -524,3 +525,9 @@ class Admin(ABC):
     @abstractmethod
     async def close(self) -> None:
         """Release every connection (and whatever the admin started). Idempotent."""
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()

@@ -1,14 +1,15 @@
 """Helpers for configuration values that the gateway and every engine share.
 
 Here rather than in `gateway/` because engines need them too, and `backends` never
-imports `gateway`: secret redaction for log lines, and Go-style JSON decoding (Rafka
-was written in Go and decoded numbers as `json.Number`, keeping their literal text).
+imports `gateway`: secret redaction for log lines, Go-style JSON decoding (Rafka was
+written in Go and decoded numbers as `json.Number`, keeping their literal text), and the
+integer check of such a document's values.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TypeVar
 
 REDACTED = "[redacted]"
@@ -35,3 +36,21 @@ class JsonNumber(str):
 def json_decoder() -> json.JSONDecoder:
     """A decoder that keeps numbers as `JsonNumber`, as Go's `UseNumber()` does."""
     return json.JSONDecoder(parse_int=JsonNumber, parse_float=JsonNumber)
+
+
+def json_int(
+    where: str, value: object, minimum: int, maximum: int | None, error: Callable[[str], Exception]
+) -> int:
+    """`value` of a decoded document (an int, or a JsonNumber; never a bool) as an integer
+    in minimum..maximum (no upper bound: None), else raises `error(text)`, the text naming
+    `where`."""
+    if isinstance(value, bool) or not isinstance(value, JsonNumber | int):
+        raise error(f"{where} must be an integer, got {value!r}")
+    try:
+        number = int(value)
+    except ValueError:
+        raise error(f"{where} must be an integer, got {value}") from None
+    if number < minimum or (maximum is not None and number > maximum):
+        upper = f" and <= {maximum}" if maximum is not None else ""
+        raise error(f"{where} must be >= {minimum}{upper}, got {number}")
+    return number

@@ -33,7 +33,7 @@ from tests.support.connections import (
     raise_open_files,
     rss_bytes,
 )
-from tests.support.rafka_process import start_rafka
+from tests.support.rafka_process import exit_status, start_rafka
 
 AIM_BYTES = 50 * 1024  # issue 11: at most 50 KB per idle connection
 # File descriptors this process and the gateway need besides the connections.
@@ -84,7 +84,7 @@ def main() -> int:
         try:
             figures = measure(port, child.pid, args.connections, args.wave, args.timeout)
         finally:
-            code = child.stop(30)
+            child.stop(30)
     per = figures["per_connection"]
     print(f"idle connections: {args.connections:,} (opened in {figures['open_seconds']:.1f} s)")
     print(
@@ -93,10 +93,7 @@ def main() -> int:
         f"{'met' if per <= AIM_BYTES else 'NOT met'})"
     )
     print(f"served with all open: {figures['served']:,.0f} of {args.connections:,}")
-    if code != 0:
-        print(f"rafka exited with {code}: {child.stderr_lines[-5:]}", file=sys.stderr)
-        return 1
-    return 0
+    return exit_status(child)
 
 
 if __name__ == "__main__":

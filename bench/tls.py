@@ -21,11 +21,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from backends.ports import answers_ping, free_port
 from backends.process import start
 from tests.support.certs import make_certs
-from tests.support.rafka_process import RAFKA, port_answers_ping
+from tests.support.rafka_process import RAFKA, exit_status
 from tests.support.redis_server import redis_benchmark
-from tests.support.tansu import free_port
 
 VALUE = "x" * 100
 
@@ -44,7 +44,7 @@ def main() -> int:
         child = start(
             [*argv, "--data-dir", str(Path(tmp) / "data")],
             name="rafka",
-            ready=lambda: port_answers_ping(plain),
+            ready=lambda: answers_ping(plain),
             timeout=30,
         )
         try:
@@ -74,11 +74,8 @@ def main() -> int:
                     flush=True,
                 )
         finally:
-            code = child.stop(30)
-        if code != 0:
-            print(f"rafka exited with {code}: {child.stderr_lines[-5:]}", file=sys.stderr)
-            return 1
-    return 0
+            child.stop(30)
+    return exit_status(child)
 
 
 if __name__ == "__main__":

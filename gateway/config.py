@@ -28,7 +28,7 @@ from typing import Any
 
 from backends.base import EngineConfigError, EngineOptions, EngineSettings
 from backends.registry import DEFAULT_ENGINE, ENGINES, engine_entry, engine_for
-from backends.settings import REDACTED, JsonNumber, json_decoder
+from backends.settings import REDACTED, JsonNumber, json_decoder, json_int
 from gateway import __version__
 from gateway.push.spec import Subscription, SubscriptionError, parse_subscriptions
 
@@ -183,16 +183,7 @@ def _check_listeners(config: Config) -> None:
 
 
 def _as_int(key: str, value: object, minimum: int, maximum: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, JsonNumber | int):
-        raise ConfigError(f"gateway.{key} must be an integer, got {value!r}")
-    try:
-        number = int(value)
-    except ValueError:
-        raise ConfigError(f"gateway.{key} must be an integer, got {value}") from None
-    if number < minimum or (maximum is not None and number > maximum):
-        upper = f" and <= {maximum}" if maximum is not None else ""
-        raise ConfigError(f"gateway.{key} must be >= {minimum}{upper}, got {number}")
-    return number
+    return json_int(f"gateway.{key}", value, minimum, maximum, ConfigError)
 
 
 def _as_seconds(key: str, value: object, *, allow_zero: bool) -> float:

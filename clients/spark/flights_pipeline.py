@@ -27,7 +27,6 @@ import csv
 import importlib.util
 import io
 import os
-import socket
 import sys
 import tempfile
 import time
@@ -40,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 from rafka_client import Reader
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from backends.ports import answers_ping, free_port
 from backends.process import Child, start
 
 if TYPE_CHECKING:
@@ -102,34 +102,18 @@ def split_flights(directory: Path, limit: int | None) -> tuple[Path, int]:
     return whole, count
 
 
-def _answers(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
-            sock.sendall(b"PING\r\n")
-            return sock.recv(16) == b"+PONG\r\n"
-    except OSError:
-        return False
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 @contextmanager
 def gateway(engine: str, work: Path) -> Iterator[str]:
     """A gateway of our own on `engine` (Dafka: embedded over `work`; Kafka: on a fresh
     Tansu broker, as `make run ENGINE=kafka`), stopped at the end."""
-    port = _free_port()
+    port = free_port()
     if engine == "kafka":
         argv = [sys.executable, "-m", "tests.support.devrun_kafka", "--port", str(port)]
     else:
         rafka = Path(sys.executable).parent / "rafka"
         argv = [str(rafka), "--engine", engine, "--host", "127.0.0.1", "--port", str(port)]
         argv += ["--data-dir", str(work / "rafka-data")]
-    child: Child = start(argv, name="rafka", ready=lambda: _answers(port), timeout=60, cwd=REPO)
+    child: Child = start(argv, name="rafka", ready=lambda: answers_ping(port), timeout=60, cwd=REPO)
     say(f"gateway started ({engine} engine) on port {port}, pid {child.pid}")
     try:
         yield f"redis://127.0.0.1:{port}"

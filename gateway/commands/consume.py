@@ -6,7 +6,7 @@ import asyncio
 import json
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import structlog
 
@@ -14,6 +14,7 @@ from backends.base import AckError, ConsumeError, Consumer, EngineError, Record
 from backends.settings import JsonNumber, json_decoder
 from gateway import errors
 from gateway.commands.base import Answer, Reply, arg, text
+from gateway.errors import RespError
 from gateway.goparse import GoParseError, parse_int, wrap_int64
 from gateway.resp import NULL_ARRAY, Encoded
 from gateway.session import Session
@@ -140,12 +141,7 @@ def parse_blmpop(args: list[bytes]) -> tuple[float | None, bytes, int]:
     seconds = float(raw)
     if seconds < 0:
         raise errors.timeout_negative()
-    try:
-        numkeys = int(args[2])
-    except ValueError:
-        raise errors.numkeys_not_positive() from None
-    if numkeys <= 0:
-        raise errors.numkeys_not_positive()
+    numkeys = _positive(args[2], errors.numkeys_not_positive)
     rest = args[3 + numkeys :]
     if not rest or len(rest) not in (1, 3):
         raise errors.syntax_error()
@@ -156,16 +152,22 @@ def parse_blmpop(args: list[bytes]) -> tuple[float | None, bytes, int]:
     if len(rest) == 3:
         if rest[1].upper() != b"COUNT":
             raise errors.syntax_error()
-        try:
-            count = int(rest[2])
-        except ValueError:
-            raise errors.count_not_positive() from None
-        if count <= 0:
-            raise errors.count_not_positive()
+        count = _positive(rest[2], errors.count_not_positive)
     if where == b"RIGHT":
         raise errors.blmpop_right()
     timeout = None if seconds == 0 or math.isinf(seconds) else seconds
     return timeout, args[3], count
+
+
+def _positive(raw: bytes, error: Callable[[], RespError]) -> int:
+    """`raw` as an int > 0, else `error()` (BLMPOP's numkeys and COUNT)."""
+    try:
+        value = int(raw)
+    except ValueError:
+        raise error() from None
+    if value <= 0:
+        raise error()
+    return value
 
 
 def blmpop(session: Session, args: list[bytes]) -> Answer:

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from backends.settings import JsonNumber
+from backends.settings import JsonNumber, json_int
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 # Header names: HTTP tokens (RFC 9110 §5.6.2).
@@ -86,15 +86,7 @@ def _text(where: str, value: object) -> str:
 
 
 def _int(where: str, value: object, minimum: int, maximum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, JsonNumber | int):
-        raise SubscriptionError(f"{where} must be an integer, got {value!r}")
-    try:
-        number = int(value)
-    except ValueError:
-        raise SubscriptionError(f"{where} must be an integer, got {value}") from None
-    if not minimum <= number <= maximum:
-        raise SubscriptionError(f"{where} must be >= {minimum} and <= {maximum}, got {number}")
-    return number
+    return json_int(where, value, minimum, maximum, SubscriptionError)
 
 
 def _number(where: str, value: object, minimum: float, maximum: float, *, open_low: bool) -> float:

@@ -16,7 +16,7 @@ from backends.dafka.consumer import Consumer, DafkaRecord
 from backends.dafka.store import Store
 from backends.dafka.test_peer import TestPeer
 from backends.dafka.tower import Tower
-from tests.dafka.consumers import ConsumerFactory
+from tests.dafka.consumers import ConsumerFactory, subscribed_consumer
 from tests.dafka.stores import link_with_sentinel
 
 
@@ -98,3 +98,16 @@ def make_consumer(dafka_config: Config, tower: Tower) -> Iterator[ConsumerFactor
     yield make
     for consumer in made:
         consumer.close()
+
+
+@pytest.fixture
+def earliest(make_consumer: ConsumerFactory, test_peer: TestPeer) -> Consumer:
+    """A consumer in earliest mode linked to the test peer, subscribed to "hello" (its
+    GET_HEADS taken)."""
+    return subscribed_consumer(make_consumer, test_peer)
+
+
+@pytest.fixture
+def latest(make_consumer: ConsumerFactory, test_peer: TestPeer) -> Consumer:
+    """A consumer in latest mode linked to the test peer, subscribed to "hello"."""
+    return subscribed_consumer(make_consumer, test_peer, "latest")

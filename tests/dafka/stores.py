@@ -4,7 +4,11 @@ receives (the fixtures `store_config`, `store` and `linked` are in conftest.py).
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+import zmq
 
 from backends.dafka import proto
 from backends.dafka.config import Config
@@ -59,11 +63,25 @@ def store_records(peer: TestPeer, topic: str, contents: list[bytes]) -> None:
     recv_until_ack(peer, topic, len(contents) - 1)
 
 
-def link_with_sentinel(peer: TestPeer, store: Store) -> None:
+def link_with_sentinel(peer: TestPeer, store: Store, nth: int = 1) -> None:
     """`link`, then a record of topic "sentinel" stored and acknowledged: the store's
     writer takes the peer's RECORDs from then on."""
-    link(peer, store)
+    link(peer, store, nth)
     store_records(peer, "sentinel", [b"end"])
+
+
+@contextmanager
+def linked_store(
+    config: Config, peer: TestPeer, nth: int = 1, *, sentinel: bool = False
+) -> Iterator[Store]:
+    """A store on `config`, linked to `peer` (`link`; with `sentinel`, `link_with_sentinel`),
+    closed at the end."""
+    with Store(config, zmq.Context.instance()) as store:
+        if sentinel:
+            link_with_sentinel(peer, store, nth)
+        else:
+            link(peer, store, nth)
+        yield store
 
 
 def recv_fetch(peer: TestPeer, store: Store, timeout: float = 5) -> Message:

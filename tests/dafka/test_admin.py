@@ -62,14 +62,11 @@ def test_created_partitions_are_used_by_running_and_new_gateways(
     async def body() -> None:
         async with engine_on(config) as before:
             assert before.partition_count("orders") == 2, "the settings' count (partitions 2)"
-            admin = admin_on(config)
-            try:
+            async with admin_on(config) as admin:
                 await admin.create_topic("orders", 5, {"retention.ms": "3600000"})
                 assert "orders" in await admin.list_topics()
                 with pytest.raises(TopicExistsError, match="'orders' already exists"):
                     await admin.create_topic("orders", 3, {})
-            finally:
-                await admin.close()
             await wait_until_async(
                 lambda: before.partition_count("orders") == 5,
                 WAIT,
@@ -94,8 +91,7 @@ def test_describe_shows_offsets_retention_and_group_lag(network: tuple[Config, S
     config, _ = network
 
     async def body() -> None:
-        admin = admin_on(config)
-        try:
+        async with admin_on(config) as admin:
             await admin.create_topic("lagging", 1, {"retention.bytes": "1000000"})
             async with engine_on(config) as engine:
                 await wait_until_async(
@@ -108,8 +104,6 @@ def test_describe_shows_offsets_retention_and_group_lag(network: tuple[Config, S
             described = await admin.describe("lagging")
             # Several at once (the gateway's metrics), a topic that does not exist left out.
             assert await admin.describe_many(["lagging", "never-made"]) == [described]
-        finally:
-            await admin.close()
         assert described.partitions == (TopicPartitionOffsets(0, 0, 12),)
         assert described.config["retention.bytes"] == "1000000"
         assert described.groups == (GroupOffsets("billing", 0, 10, 2),)
@@ -121,8 +115,7 @@ def test_delete_removes_records_offsets_and_the_topic(network: tuple[Config, Sto
     config, store = network
 
     async def body() -> None:
-        admin = admin_on(config)
-        try:
+        async with admin_on(config) as admin:
             async with engine_on(config, partitions=1) as engine:
                 await produce_keys(engine, "doomed", 5)
                 member = await engine.consumer("g", "m", ["doomed"], {})
@@ -160,8 +153,6 @@ def test_delete_removes_records_offsets_and_the_topic(network: tuple[Config, Sto
                 await admin.describe("doomed"),
                 reborn,
             ]
-        finally:
-            await admin.close()
 
     run(body())
 
@@ -174,8 +165,7 @@ def test_bad_input_and_an_unreachable_network(network: tuple[Config, Store]) -> 
     config, _ = network
 
     async def body() -> None:
-        admin = admin_on(config)
-        try:
+        async with admin_on(config) as admin:
             with pytest.raises(AdminError, match="not supported on Dafka"):
                 await admin.create_topic("t", 1, {"cleanup.policy": "compact"})
             with pytest.raises(AdminError, match="integer >= -1"):
@@ -187,19 +177,14 @@ def test_bad_input_and_an_unreachable_network(network: tuple[Config, Store]) -> 
             with pytest.raises(UnknownTopicError, match="'nothing' does not exist"):
                 await admin.describe("nothing")
             assert await admin.list_topics() == [], "bad input created nothing"
-        finally:
-            await admin.close()
         nowhere = dataclasses.replace(
             settings_for(config),
             tower_sub_address="tcp://127.0.0.1:1",
             tower_pub_address="tcp://127.0.0.1:2",
             settings={"beacon/address": "127.0.0.1"},
         )
-        lost = DafkaAdmin(nowhere, EngineOptions(metadata_timeout=0.5))
-        try:
+        async with DafkaAdmin(nowhere, EngineOptions(metadata_timeout=0.5)) as lost:
             with pytest.raises(AdminError, match=r"cannot reach .*tcp://127\.0\.0\.1:1"):
                 await lost.list_topics()
-        finally:
-            await lost.close()
 
     run(body())

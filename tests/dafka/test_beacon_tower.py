@@ -62,6 +62,26 @@ class Driver:
                     self.events[beacon.sender] += beacon.handle()
                 self.events[beacon.sender] += beacon.tick(now_ms())
 
+    def meet(
+        self, one: tuple[Config, str, int], other: tuple[Config, str, int], host: str, what: str
+    ) -> tuple[Beacon, Beacon]:
+        """Start two beacons, each (config, sender, port), and run until each one saw the
+        other's CONNECT (`tcp://<host>:<port>`), within 5 s."""
+        beacons = []
+        for config, sender, port in (one, other):
+            beacons.append(self.add(config, sender))
+            beacons[-1].start(port)
+        (_, one_sender, one_port), (_, other_sender, other_port) = one, other
+        self.run_until(
+            lambda: (
+                (CONNECT, f"tcp://{host}:{other_port}") in self.events[one_sender]
+                and (CONNECT, f"tcp://{host}:{one_port}") in self.events[other_sender]
+            ),
+            5,
+            what,
+        )
+        return beacons[0], beacons[1]
+
     def close(self) -> None:
         for beacon in self.beacons:
             beacon.close()
@@ -185,14 +205,10 @@ def test_one_beacon_can_use_two_towers(dafka_config: Config, driver: Driver) -> 
         beacon__pub_address="inproc://second-tower-pub",
     )
     with Tower(dafka_config), Tower(second):
-        driver.add(both, "on-both").start(7001)
-        driver.add(only_second, "on-second").start(7002)
-        driver.run_until(
-            lambda: (
-                (CONNECT, "tcp://127.0.0.1:7002") in driver.events["on-both"]
-                and (CONNECT, "tcp://127.0.0.1:7001") in driver.events["on-second"]
-            ),
-            5,
+        driver.meet(
+            (both, "on-both", 7001),
+            (only_second, "on-second", 7002),
+            "127.0.0.1",
             "beacons sharing only the second tower did not find each other",
         )
 
@@ -235,14 +251,10 @@ def test_ipv6_tower_and_beacons_on_loopback(driver: Driver) -> None:
         assert tower.pub_endpoint.startswith("tcp://[::1]:")
         config.set("beacon/sub_address", tower.sub_endpoint)
         config.set("beacon/pub_address", tower.pub_endpoint)
-        driver.add(config, "six-a").start(4001)
-        driver.add(config, "six-b").start(4002)
-        driver.run_until(
-            lambda: (
-                (CONNECT, "tcp://[::1]:4002") in driver.events["six-a"]
-                and (CONNECT, "tcp://[::1]:4001") in driver.events["six-b"]
-            ),
-            5,
+        driver.meet(
+            (config, "six-a", 4001),
+            (config, "six-b", 4002),
+            "[::1]",
             "IPv6 beacons did not see each other with bracketed endpoints",
         )
 
@@ -279,16 +291,10 @@ def test_tcp_tower_connect_and_disconnect(driver: Driver) -> None:
         assert re.fullmatch(r"tcp://127\.0\.0\.1:\d+", tower.sub_endpoint)
         config.set("beacon/sub_address", tower.sub_endpoint)
         config.set("beacon/pub_address", tower.pub_endpoint)
-        a = driver.add(config, "A" * 32)
-        b = driver.add(config, "B" * 32)
-        a.start(3001)
-        b.start(3002)
-        driver.run_until(
-            lambda: (
-                (CONNECT, "tcp://127.0.0.1:3002") in driver.events["A" * 32]
-                and (CONNECT, "tcp://127.0.0.1:3001") in driver.events["B" * 32]
-            ),
-            5,
+        a, b = driver.meet(
+            (config, "A" * 32, 3001),
+            (config, "B" * 32, 3002),
+            "127.0.0.1",
             "the two beacons did not see each other",
         )
         # Each peer is reported once although it keeps announcing every 50 ms.

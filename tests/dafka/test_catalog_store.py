@@ -6,19 +6,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import zmq
 
 from backends.dafka.catalog import TOPICS_TOPIC, Catalog, TopicEntry, created, deleted
 from backends.dafka.config import Config
 from backends.dafka.storage import Retention, Storage
-from backends.dafka.store import Store
 from backends.dafka.store.retention import RetentionPolicy
 from backends.dafka.test_peer import TestPeer
 from backends.dafka.tower import Tower
 from tests.dafka.stores import (
     direct_records_of,
-    link,
-    link_with_sentinel,
+    linked_store,
     recv_until_ack,
     store_records,
 )
@@ -70,8 +67,7 @@ def test_retention_policy_takes_catalog_overrides() -> None:
 def test_delete_drops_records_keeps_heads_and_the_partition_continues(
     store_config: Config, tower: Tower, test_peer: TestPeer
 ) -> None:
-    with Store(store_config, zmq.Context.instance()) as store:
-        link_with_sentinel(test_peer, store)
+    with linked_store(store_config, test_peer, sentinel=True) as store:
         store_records(test_peer, "doomed", [b"d%d" % i for i in range(5)])
         store_records(test_peer, "kept", [b"k0", b"k1"])
         partition = test_peer.address.encode()
@@ -94,8 +90,7 @@ def test_catalog_retention_applies_and_survives_a_restart(
 ) -> None:
     store_config.set("store/retention/check_interval", 20)
     partition = test_peer.address.encode()
-    with Store(store_config, zmq.Context.instance()) as store:
-        link(test_peer, store)
+    with linked_store(store_config, test_peer) as store:
         catalog_record(test_peer, 0, created("capped", 1, {"retention.bytes": "30"}))
         store_records(test_peer, "capped", [b"%010d" % i for i in range(10)])
         store_records(test_peer, "free", [b"%010d" % i for i in range(10)])
@@ -105,8 +100,7 @@ def test_catalog_retention_applies_and_survives_a_restart(
             "the catalog's retention.bytes 30 did not keep the newest 3 records",
         )
         assert store.storage.tail(b"free", partition) == 0
-    with Store(store_config, zmq.Context.instance()) as again:
-        link(test_peer, again, nth=2)
+    with linked_store(store_config, test_peer, nth=2) as again:
         for seq in range(10, 13):
             test_peer.send_record("capped", seq, b"%010d" % seq)
         recv_until_ack(test_peer, "capped", 12)

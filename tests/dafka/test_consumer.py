@@ -66,17 +66,16 @@ def test_store_hello_with_subscription(make_consumer: ConsumerFactory, test_peer
 
 
 def test_store_reader_subscription_triggers_consumer_hello(
-    make_consumer: ConsumerFactory, test_peer: TestPeer
+    earliest: Consumer, test_peer: TestPeer
 ) -> None:
     """Hello trigger (b) of spec §4.4: a store reader's SUB subscribing `W<reader uuid>` on
     the consumer's XPUB gets a CONSUMER_HELLO at once (here a plain SUB plays the reader)."""
-    consumer = subscribed_consumer(make_consumer, test_peer)
     reader = "0123456789ABCDEF0123456789ABCDEF"
     sub: zmq.Socket = zmq.Context.instance().socket(zmq.SUB)
     sub.setsockopt(zmq.LINGER, 0)
     try:
         sub.setsockopt(zmq.SUBSCRIBE, proto.subscription(proto.CONSUMER_HELLO, reader))
-        sub.connect(f"tcp://127.0.0.1:{consumer.port}")
+        sub.connect(f"tcp://127.0.0.1:{earliest.port}")
         assert sub.poll(5000), "no CONSUMER_HELLO after the W subscription"
         hello = proto.decode(sub.recv_multipart())
     finally:
@@ -84,7 +83,7 @@ def test_store_reader_subscription_triggers_consumer_hello(
     assert hello.id == proto.CONSUMER_HELLO
     assert (hello.topic, hello.address, hello.subjects) == (
         reader.encode(),
-        consumer.address,
+        earliest.address,
         ["hello"],
     )
 
@@ -101,102 +100,90 @@ def test_get_heads_sent_when_subscribing_in_earliest_mode(
     assert get_heads.address == consumer.address
 
 
-def test_first_record_earliest_fetches_from_zero(
-    make_consumer: ConsumerFactory, test_peer: TestPeer
-) -> None:
+def test_first_record_earliest_fetches_from_zero(earliest: Consumer, test_peer: TestPeer) -> None:
     """Scenarios 4 and 13; with the gap buffer, the record that revealed the gap is
     delivered too, after record 0 (spec §10.14)."""
-    consumer = subscribed_consumer(make_consumer, test_peer)
     test_peer.send_record("hello", 1, b"CONTENT 1")
-    expect_fetch(test_peer, consumer, 0)
-    assert_nothing_more(consumer)  # 1 waits for 0
+    expect_fetch(test_peer, earliest, 0)
+    assert_nothing_more(earliest)  # 1 waits for 0
     test_peer.send_record("hello", 0, b"CONTENT")
-    record = consumer.get(5)
+    record = earliest.get(5)
     assert record == DafkaRecord("hello", test_peer.address, 0, b"CONTENT")
-    assert take(consumer, 1) == [(1, b"CONTENT 1")]
-    assert_nothing_more(consumer)
+    assert take(earliest, 1) == [(1, b"CONTENT 1")]
+    assert_nothing_more(earliest)
 
 
-def test_first_record_latest_is_delivered_directly(
-    make_consumer: ConsumerFactory, test_peer: TestPeer
-) -> None:
+def test_first_record_latest_is_delivered_directly(latest: Consumer, test_peer: TestPeer) -> None:
     """Scenarios 5 and 14: no GET_HEADS, and the first record seen is delivered."""
-    consumer = subscribed_consumer(make_consumer, test_peer, "latest")
     test_peer.send_record("hello", 2, b"CONTENT")
-    assert consumer.get(5) == DafkaRecord("hello", test_peer.address, 2, b"CONTENT")
+    assert latest.get(5) == DafkaRecord("hello", test_peer.address, 2, b"CONTENT")
     test_peer.send_record("hello", 3, b"NEXT")
-    assert take(consumer, 1) == [(3, b"NEXT")]
+    assert take(latest, 1) == [(3, b"NEXT")]
     with pytest.raises(TimeoutError):
         test_peer.recv_id(proto.GET_HEADS, 0.3)
 
 
-def test_latest_head_delivers_only_the_newest_record(
-    make_consumer: ConsumerFactory, test_peer: TestPeer
-) -> None:
+def test_latest_head_delivers_only_the_newest_record(latest: Consumer, test_peer: TestPeer) -> None:
     """Latest mode: a HEAD(h) of an unknown partition FETCHes h, and nothing before it."""
-    consumer = subscribed_consumer(make_consumer, test_peer, "latest")
     test_peer.send_head("hello", 7)
-    expect_fetch(test_peer, consumer, 7)
-    direct_each(test_peer, consumer, "hello", (5, 6, 7))
-    assert take(consumer, 1) == [(7, b"r7")]
-    assert_nothing_more(consumer)
+    expect_fetch(test_peer, latest, 7)
+    direct_each(test_peer, latest, "hello", (5, 6, 7))
+    assert take(latest, 1) == [(7, b"r7")]
+    assert_nothing_more(latest)
 
 
 # --- derived 31 and the fixes ------------------------------------------------------------
 
 
 def test_duplicates_and_late_records_are_not_redelivered(
-    make_consumer: ConsumerFactory, test_peer: TestPeer
+    latest: Consumer, test_peer: TestPeer
 ) -> None:
-    consumer = subscribed_consumer(make_consumer, test_peer, "latest")
     test_peer.send_record("hello", 0, b"a")
     test_peer.send_record("hello", 1, b"b")
-    assert take(consumer, 2) == [(0, b"a"), (1, b"b")]
+    assert take(latest, 2) == [(0, b"a"), (1, b"b")]
     test_peer.send_record("hello", 0, b"a again")
-    direct(test_peer, consumer, "hello", 1, b"b again")
+    direct(test_peer, latest, "hello", 1, b"b again")
     test_peer.send_record("hello", 2, b"c")
-    assert take(consumer, 1) == [(2, b"c")]
-    assert_nothing_more(consumer)
+    assert take(latest, 1) == [(2, b"c")]
+    assert_nothing_more(latest)
 
 
-def test_exact_topic_matching(make_consumer: ConsumerFactory, test_peer: TestPeer) -> None:
+def test_exact_topic_matching(earliest: Consumer, test_peer: TestPeer) -> None:
     """Spec §10.11: subscribing `hello` never delivers `hello2`, whether the message comes
     through the topic prefix or addressed to the consumer directly."""
-    consumer = subscribed_consumer(make_consumer, test_peer)
     test_peer.send_record("hello2", 0, b"wrong topic")
     test_peer.send_head("hello2", 5)
-    direct(test_peer, consumer, "hello2", 0, b"wrong topic, direct")
+    direct(test_peer, earliest, "hello2", 0, b"wrong topic, direct")
     test_peer.send(
         proto.Message(
             proto.DIRECT_HEAD,
-            consumer.address.encode(),
+            earliest.address.encode(),
             address=test_peer.address,
             subject="hello2",
             sequence=3,
         )
     )
     test_peer.send_record("hello", 0, b"right topic")
-    assert take(consumer, 1) == [(0, b"right topic")]
-    assert_nothing_more(consumer)
+    assert take(earliest, 1) == [(0, b"right topic")]
+    assert_nothing_more(earliest)
     # Neither hello2 HEAD made the consumer FETCH anything.
     with pytest.raises(TimeoutError):
         test_peer.recv_id(proto.FETCH, 0.3)
 
 
 def test_gap_records_are_buffered_and_delivered_in_order(
-    make_consumer: ConsumerFactory, test_peer: TestPeer
+    earliest: Consumer, test_peer: TestPeer
 ) -> None:
     """Spec §10.14: records arriving during a gap wait for the FETCH answer."""
-    consumer = subscribed_consumer(make_consumer, test_peer)
     for seq in (1, 2, 3):
         test_peer.send_record("hello", seq, f"r{seq}".encode())
-    expect_fetch(test_peer, consumer, 0)
-    assert_nothing_more(consumer)
-    direct(test_peer, consumer, "hello", 0, b"r0")
-    assert take(consumer, 4) == [(0, b"r0"), (1, b"r1"), (2, b"r2"), (3, b"r3")]
+    expect_fetch(test_peer, earliest, 0)
+    assert_nothing_more(earliest)
+    direct(test_peer, earliest, "hello", 0, b"r0")
+    assert take(earliest, 4) == [(0, b"r0"), (1, b"r1"), (2, b"r2"), (3, b"r3")]
     test_peer.send_record("hello", 4, b"r4")
-    assert take(consumer, 1) == [(4, b"r4")]
-    assert_nothing_more(consumer)
+    assert take(earliest, 1) == [(4, b"r4")]
+    assert_nothing_more(earliest)
 
 
 def test_gap_buffer_is_bounded_and_the_rest_is_fetched(
@@ -260,27 +247,26 @@ def test_head_after_unanswered_fetch_fetches_again(
 
 
 def test_unsubscribe_stops_delivery_and_keeps_the_offset(
-    make_consumer: ConsumerFactory, test_peer: TestPeer
+    latest: Consumer, test_peer: TestPeer
 ) -> None:
-    consumer = subscribed_consumer(make_consumer, test_peer, "latest")
-    consumer.subscribe("hello")  # a second subscribe is a no-op
-    consumer.subscribe("other")
-    assert consumer.subscriptions() == ["hello", "other"]
+    latest.subscribe("hello")  # a second subscribe is a no-op
+    latest.subscribe("other")
+    assert latest.subscriptions() == ["hello", "other"]
     test_peer.send_record("hello", 0, b"r0")
-    assert take(consumer, 1) == [(0, b"r0")]
-    consumer.unsubscribe("hello")
-    consumer.unsubscribe("never subscribed")
-    assert consumer.subscriptions() == ["other"]
+    assert take(latest, 1) == [(0, b"r0")]
+    latest.unsubscribe("hello")
+    latest.unsubscribe("never subscribed")
+    assert latest.subscriptions() == ["other"]
     test_peer.send_record("hello", 1, b"r1")
-    assert_nothing_more(consumer)
-    consumer.subscribe("hello")
+    assert_nothing_more(latest)
+    latest.subscribe("hello")
     wait_until(
         lambda: test_peer.subscriptions().count(b"Mhello\0") == 2,
         5,
         "the second subscription to hello did not reach the peer",
     )
     test_peer.send_record("hello", 1, b"r1 again")  # continues after the kept offset 0
-    assert take(consumer, 1) == [(1, b"r1 again")]
+    assert take(latest, 1) == [(1, b"r1 again")]
 
 
 def test_sink_receives_records_in_order_on_the_consumer_thread(
@@ -321,10 +307,7 @@ def test_sink_may_call_the_consumer(make_consumer: ConsumerFactory, test_peer: T
     assert seen == [(0, ["hello"])]
 
 
-def test_malformed_messages_are_dropped(
-    make_consumer: ConsumerFactory, test_peer: TestPeer
-) -> None:
-    consumer = subscribed_consumer(make_consumer, test_peer, "latest")
+def test_malformed_messages_are_dropped(latest: Consumer, test_peer: TestPeer) -> None:
     good = proto.encode(
         proto.Message(
             proto.RECORD, b"hello", address=test_peer.address, subject="hello", sequence=0
@@ -334,8 +317,8 @@ def test_malformed_messages_are_dropped(
     test_peer.send_frames([good[0]])  # no content frame
     test_peer.send_frames([b"Mhello\0\x02" + good[0][8:], b"version 2"])
     test_peer.send_record("hello", 0, b"fine")
-    assert take(consumer, 1) == [(0, b"fine")]
-    assert_nothing_more(consumer)
+    assert take(latest, 1) == [(0, b"fine")]
+    assert_nothing_more(latest)
 
 
 def test_close_is_idempotent_and_get_returns_none_after(make_consumer: ConsumerFactory) -> None:

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from backends.dafka import proto
+from backends.dafka.consumer import Consumer
 from backends.dafka.test_peer import TestPeer
 from tests.dafka.consumers import (
     ConsumerFactory,
@@ -105,47 +106,42 @@ def test_no_more_get_heads_when_off_or_in_latest_mode(
 
 
 def test_retention_tail_starts_a_fresh_partition_at_the_oldest_record(
-    make_consumer: ConsumerFactory, test_peer: TestPeer
+    earliest: Consumer, test_peer: TestPeer
 ) -> None:
     """Earliest mode: a FETCH answer starting at s > 0 on a partition with nothing delivered
     means the stores keep nothing older, so delivery starts at s."""
-    consumer = subscribed_consumer(make_consumer, test_peer)
     test_peer.send_head("hello", 7)
-    expect_fetch(test_peer, consumer, 0)
-    direct_each(test_peer, consumer, "hello", (5, 6, 7))
-    assert take(consumer, 3) == [(5, b"r5"), (6, b"r6"), (7, b"r7")]
-    direct(test_peer, consumer, "hello", 4, b"r4")  # older than what was delivered
-    assert_nothing_more(consumer)
+    expect_fetch(test_peer, earliest, 0)
+    direct_each(test_peer, earliest, "hello", (5, 6, 7))
+    assert take(earliest, 3) == [(5, b"r5"), (6, b"r6"), (7, b"r7")]
+    direct(test_peer, earliest, "hello", 4, b"r4")  # older than what was delivered
+    assert_nothing_more(earliest)
 
 
-def test_seek_before_the_partition_is_known(
-    make_consumer: ConsumerFactory, test_peer: TestPeer
-) -> None:
+def test_seek_before_the_partition_is_known(earliest: Consumer, test_peer: TestPeer) -> None:
     """seek() on an unknown partition applies when it is first seen; nothing before it is
     delivered, and the retention-tail rule does not override it."""
-    consumer = subscribed_consumer(make_consumer, test_peer)
-    consumer.seek("hello", test_peer.address, 5)
+    earliest.seek("hello", test_peer.address, 5)
     test_peer.send_record("hello", 7, b"r7")
-    expect_fetch(test_peer, consumer, 5)
-    direct(test_peer, consumer, "hello", 6, b"r6")  # not the start: it waits for 5
-    direct_each(test_peer, consumer, "hello", (3, 4))
-    assert_nothing_more(consumer)
-    direct(test_peer, consumer, "hello", 5, b"r5")
-    assert take(consumer, 3) == [(5, b"r5"), (6, b"r6"), (7, b"r7")]
-    assert_nothing_more(consumer)
+    expect_fetch(test_peer, earliest, 5)
+    direct(test_peer, earliest, "hello", 6, b"r6")  # not the start: it waits for 5
+    direct_each(test_peer, earliest, "hello", (3, 4))
+    assert_nothing_more(earliest)
+    direct(test_peer, earliest, "hello", 5, b"r5")
+    assert take(earliest, 3) == [(5, b"r5"), (6, b"r6"), (7, b"r7")]
+    assert_nothing_more(earliest)
 
 
 def test_seek_on_a_known_partition_fetches_from_there(
-    make_consumer: ConsumerFactory, test_peer: TestPeer
+    latest: Consumer, test_peer: TestPeer
 ) -> None:
-    consumer = subscribed_consumer(make_consumer, test_peer, "latest")
     test_peer.send_record("hello", 0, b"r0")
-    assert take(consumer, 1) == [(0, b"r0")]
-    consumer.seek("hello", test_peer.address, 10)
-    expect_fetch(test_peer, consumer, 10)
+    assert take(latest, 1) == [(0, b"r0")]
+    latest.seek("hello", test_peer.address, 10)
+    expect_fetch(test_peer, latest, 10)
     test_peer.send_record("hello", 1, b"r1")  # before the seek position: never delivered
-    direct(test_peer, consumer, "hello", 10, b"r10")
-    assert take(consumer, 1) == [(10, b"r10")]
-    assert_nothing_more(consumer)
+    direct(test_peer, latest, "hello", 10, b"r10")
+    assert take(latest, 1) == [(10, b"r10")]
+    assert_nothing_more(latest)
     with pytest.raises(ValueError):
-        consumer.seek("hello", test_peer.address, -1)
+        latest.seek("hello", test_peer.address, -1)

@@ -26,7 +26,7 @@ from backends.dafka.tower import Tower
 from tests.dafka.stores import (
     direct_records_of,
     link,
-    link_with_sentinel,
+    linked_store,
     other_db,
     recv_until_ack,
     store_records,
@@ -42,8 +42,7 @@ def test_second_store_backfills_from_the_first(
     contents = [b"rec %d" % i for i in range(20)]
     store_records(linked, "backfill", contents)
     # The peer (the producer) never answers FETCHes: only the first store can.
-    with Store(other_db(store_config, tmp_path, "second"), zmq.Context.instance()) as second:
-        link(linked, second, nth=2)
+    with linked_store(other_db(store_config, tmp_path, "second"), linked, nth=2) as second:
         linked.send_head("backfill", 19)
         partition = linked.address.encode()
         wait_until(
@@ -116,8 +115,7 @@ def test_fetch_below_the_tail_answers_from_the_tail(
 ) -> None:
     store_config.set("store/topics/trimmed/retention/bytes", 30)
     store_config.set("store/retention/check_interval", 20)
-    with Store(store_config, zmq.Context.instance()) as store:
-        link_with_sentinel(test_peer, store)
+    with linked_store(store_config, test_peer, sentinel=True) as store:
         store_records(test_peer, "trimmed", [b"%010d" % i for i in range(10)])
         partition = test_peer.address.encode()
         wait_until(
@@ -131,8 +129,7 @@ def test_fetch_below_the_tail_answers_from_the_tail(
         # A new store starts the partition at the first store's tail.
         config = other_db(store_config, tmp_path, "fresh")
         config.set("store/topics/trimmed/retention/bytes", -1)
-        with Store(config, zmq.Context.instance()) as fresh:
-            link(test_peer, fresh, nth=2)
+        with linked_store(config, test_peer, nth=2) as fresh:
             test_peer.send_head("trimmed", 9)
             wait_until(
                 lambda: fresh.storage.head(b"trimmed", partition) == 9,
@@ -148,11 +145,9 @@ def test_fetch_below_the_tail_answers_from_the_tail(
 def test_restarted_store_serves_what_it_acknowledged(
     store_config: Config, tower: Tower, test_peer: TestPeer
 ) -> None:
-    with Store(store_config, zmq.Context.instance()) as first:
-        link_with_sentinel(test_peer, first)
+    with linked_store(store_config, test_peer, sentinel=True):
         store_records(test_peer, "restart", [b"a", b"b", b"c"])
-    with Store(store_config, zmq.Context.instance()) as again:
-        link(test_peer, again, nth=2)
+    with linked_store(store_config, test_peer, nth=2):
         assert direct_records_of(test_peer, "restart", 0, 10) == [(0, b"a"), (1, b"b"), (2, b"c")]
         # The writer continues the partition from its stored head.
         test_peer.send_record("restart", 3, b"d")
@@ -163,8 +158,7 @@ def test_size_retention_per_topic(store_config: Config, tower: Tower, test_peer:
     store_config.set("store/retention/bytes", 50)
     store_config.set("store/topics/kept/retention/bytes", -1)
     store_config.set("store/retention/check_interval", 20)
-    with Store(store_config, zmq.Context.instance()) as store:
-        link(test_peer, store)
+    with linked_store(store_config, test_peer) as store:
         store_records(test_peer, "small", [bytes(10)] * 20)
         store_records(test_peer, "kept", [bytes(10)] * 20)
         partition = test_peer.address.encode()
@@ -182,8 +176,7 @@ def test_age_retention_deletes_all_but_the_head(
 ) -> None:
     store_config.set("store/retention/ms", 100)
     store_config.set("store/retention/check_interval", 20)
-    with Store(store_config, zmq.Context.instance()) as store:
-        link(test_peer, store)
+    with linked_store(store_config, test_peer) as store:
         store_records(test_peer, "aging", [b"x"] * 10)
         partition = test_peer.address.encode()
         wait_until(

@@ -10,8 +10,6 @@ from __future__ import annotations
 import time
 import uuid
 
-import zmq
-
 from backends.dafka import proto
 from backends.dafka.config import Config
 from backends.dafka.proto import Message
@@ -20,7 +18,7 @@ from backends.dafka.test_peer import TestPeer
 from backends.dafka.tower import Tower
 from tests.dafka.stores import (
     direct_records_of,
-    link,
+    linked_store,
     recv_direct_heads,
     recv_fetch,
     recv_until_ack,
@@ -119,8 +117,7 @@ def test_retry_gives_up_on_a_gap_nobody_can_fill(
     store_config: Config, tower: Tower, test_peer: TestPeer
 ) -> None:
     store_config.set("store/fetch_retry_timeout", 300)
-    with Store(store_config, zmq.Context.instance()) as store:
-        link(test_peer, store)
+    with linked_store(store_config, test_peer) as store:
         test_peer.send_head("dead", 5)
         assert recv_fetch(test_peer, store).subject == "dead"
         store_fetches_within(test_peer, store, 0.5)  # retries before the timeout are fine
@@ -198,8 +195,7 @@ def test_writer_sends_get_heads_for_every_subject_periodically(
     store_config: Config, tower: Tower, test_peer: TestPeer
 ) -> None:
     store_config.set("store/heads_interval", 100)
-    with Store(store_config, zmq.Context.instance()) as store:
-        link(test_peer, store)
+    with linked_store(store_config, test_peer) as store:
         for _ in range(2):  # not once: again and again
             msg = test_peer.recv_id(proto.GET_HEADS)
             assert (msg.topic, msg.address) == (b"", store.address)

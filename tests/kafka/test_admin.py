@@ -40,8 +40,7 @@ def test_create_describe_delete(tansu: TansuBroker) -> None:
     group = f"g-{secrets.token_hex(3)}"
 
     async def body() -> None:
-        admin = admin_on(tansu.bootstrap)
-        try:
+        async with admin_on(tansu.bootstrap) as admin:
             await admin.create_topic(name, 3, {"retention.ms": "3600000"})
             assert name in await admin.list_topics()
             with pytest.raises(TopicExistsError, match=f"'{name}' already exists"):
@@ -75,19 +74,14 @@ def test_create_describe_delete(tansu: TansuBroker) -> None:
             with pytest.raises(AdminError, match="partitions must be at least 1"):
                 await admin.create_topic(name, 0, {})
             assert name not in await admin.list_topics(), "bad input created nothing"
-        finally:
-            await admin.close()
 
     run(body())
 
 
 def test_unreachable_cluster_is_a_clear_error() -> None:
     async def body() -> None:
-        admin = admin_on(f"127.0.0.1:{free_port()}", timeout=1.0)
-        try:
+        async with admin_on(f"127.0.0.1:{free_port()}", timeout=1.0) as admin:
             with pytest.raises(AdminError, match=r"cannot reach the Kafka cluster at 127\.0\.0\.1"):
                 await admin.list_topics()
-        finally:
-            await admin.close()
 
     run(body())

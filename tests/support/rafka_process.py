@@ -4,27 +4,17 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from backends.ports import answers_ping, free_port
 from backends.process import Child, start
 from tests.support.kafka import kafka_document
-from tests.support.tansu import free_port
 
 RAFKA = Path(sys.executable).parent / "rafka"
 REPO = Path(__file__).resolve().parents[2]
-
-
-def port_answers_ping(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
-            sock.sendall(b"PING\r\n")
-            return sock.recv(16) == b"+PONG\r\n"
-    except OSError:
-        return False
 
 
 class RafkaProcess:
@@ -46,7 +36,7 @@ class RafkaProcess:
         self.child = start(
             [*self.wrapper, *argv, "-p", str(self.port), *self.args],
             name="rafka",
-            ready=lambda: port_answers_ping(self.port),
+            ready=lambda: answers_ping(self.port),
             timeout=20,
             cwd=REPO,
             env={"PYTHONUNBUFFERED": "1"},
@@ -72,6 +62,16 @@ class RafkaProcess:
         return code
 
 
+def exit_status(child: Child) -> int:
+    """A benchmark's exit status once its stopped `rafka` has exited: 0 when rafka exited
+    0, else 1, with rafka's exit code and last lines on stderr."""
+    code = child.returncode
+    if code != 0:
+        print(f"rafka exited with {code}: {child.stderr_lines[-5:]}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def write_config(path: Path, bootstrap: str) -> Path:
     """The tests' Kafka configuration (tests/support/kafka.py) as a `rafka -c` file."""
     path.write_text(json.dumps(kafka_document(bootstrap), indent=2))
@@ -92,7 +92,7 @@ def start_rafka(
     child = start(
         [*argv, "--data-dir", str(workdir / "data"), *args],
         name="rafka",
-        ready=lambda: port_answers_ping(port),
+        ready=lambda: answers_ping(port),
         timeout=60,
         cwd=REPO,
         env={"PYTHONUNBUFFERED": "1"},

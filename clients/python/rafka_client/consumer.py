@@ -8,12 +8,12 @@ import json
 import logging
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from types import TracebackType
 from typing import Any
 
 from redis.exceptions import AuthenticationError, ConnectionError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeout
 
+from rafka_client._closing import Closing
 from rafka_client._link import DEFAULT_URL, Command, Link
 from rafka_client.errors import AckError, ConnectionLost, ConsumeError
 from rafka_client.records import Record, field_pairs, record_of, topic_of_list
@@ -37,7 +37,7 @@ def _seconds(timeout: float) -> str:
     return text
 
 
-class Consumer:
+class Consumer(Closing):
     """A member of consumer group `group`, named `name`, reading `topics`.
 
     Iterate over it for records (forever; leave the loop with `break`), or call
@@ -376,14 +376,3 @@ class Consumer:
         finally:
             self._closed = True
             self._link.quit()
-
-    def __enter__(self) -> Consumer:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import logging
-from types import TracebackType
 from typing import Any
 
 from redis.exceptions import ConnectionError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeout
 
+from rafka_client._closing import Closing
 from rafka_client._link import DEFAULT_URL, Command, Link
 from rafka_client.errors import (
     BatchFailure,
@@ -27,7 +27,7 @@ def _bytes(value: bytes | str) -> bytes:
     return value.encode() if isinstance(value, str) else bytes(value)
 
 
-class Producer:
+class Producer(Closing):
     """Produces records through a rafka gateway (or a plain Redis test double).
 
     `produce()` buffers; the buffer is sent when it holds `batch_size` records or
@@ -39,6 +39,8 @@ class Producer:
 
     Not thread-safe: one producer per thread.
     """
+
+    _close_on_exit = "the flush on exit"
 
     def __init__(
         self,
@@ -201,24 +203,6 @@ class Producer:
         finally:
             self._closed = True
             self._link.quit()
-
-    def __enter__(self) -> Producer:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if exc is None:
-            self.close()
-            return
-        # The body failed: still deliver what it produced, without hiding its error.
-        try:
-            self.close()
-        except Exception as error:
-            exc.add_note(f"rafka_client: the flush on exit failed too: {error!r}")
 
 
 def _target(target: Target) -> bytes:

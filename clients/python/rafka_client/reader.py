@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import re
-from types import TracebackType
 from typing import Any
 
 from redis.exceptions import ResponseError
 
+from rafka_client._closing import Closing
 from rafka_client._link import DEFAULT_URL, Link
 from rafka_client.errors import NotHeld, RangeTooLarge, ReadError, UnknownPartition
 from rafka_client.records import Record, field_pairs, record_of
@@ -31,7 +31,7 @@ def _read_error(error: ResponseError) -> ReadError:
     return ReadError(text)
 
 
-class Reader:
+class Reader(Closing):
     """Reads a partition by offset, in no consumer group (nothing is committed and no
     group's position moves), from a rafka gateway or a plain Redis test double."""
 
@@ -86,17 +86,6 @@ class Reader:
 
     def close(self) -> None:
         self._link.quit()
-
-    def __enter__(self) -> Reader:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 def _key(topic: str, partition: int) -> str:
