@@ -13,7 +13,8 @@ from types import TracebackType
 
 import redis
 
-from tests.support.child_process import stop, wait_listening
+from backends.process import Child
+from tests.support.child_process import STOP_TIMEOUT, start_listening
 from tests.support.tansu import free_port
 
 
@@ -40,7 +41,7 @@ class RedisServer:
         self.port = free_port()
         self._startup_timeout = startup_timeout
         self._options = options
-        self._process: subprocess.Popen[bytes] | None = None
+        self._child: Child | None = None
         self._directory: tempfile.TemporaryDirectory[str] | None = None
 
     @property
@@ -52,7 +53,14 @@ class RedisServer:
         if binary is None:
             raise FileNotFoundError("redis-server is not installed (make system-packages)")
         self._directory = tempfile.TemporaryDirectory(prefix="rafka-redis-")
-        self._process = subprocess.Popen(
+        try:
+            self._child = self._start(binary, self._directory.name)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self, binary: str, directory: str) -> Child:
+        return start_listening(
             [
                 binary,
                 "--port",
@@ -64,25 +72,21 @@ class RedisServer:
                 "--appendonly",
                 "no",
                 "--dir",
-                self._directory.name,
+                directory,
                 *self._options,
             ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            self.port,
+            "redis-server",
+            self._startup_timeout,
         )
-        try:
-            wait_listening(self._process, self.port, "redis-server", self._startup_timeout)
-        except TimeoutError:
-            self.stop()
-            raise
 
     def client(self, protocol: int = 3) -> redis.Redis:
         return redis.Redis(host="127.0.0.1", port=self.port, protocol=protocol)
 
     def stop(self) -> None:
-        process, self._process = self._process, None
-        if process is not None:
-            stop(process)
+        child, self._child = self._child, None
+        if child is not None:
+            child.stop(STOP_TIMEOUT)
         directory, self._directory = self._directory, None
         if directory is not None:
             directory.cleanup()

@@ -1,0 +1,124 @@
+"""The servers tests, e2e and benches start (redis-server, Tansu, `rafka` with its Dafka
+tower and store, an embedded Dafka network) die when their owner dies, even by SIGKILL.
+
+Each case runs a small Python owner that starts real servers through the real helpers of
+tests/support, as a test or a bench does, and prints `ready`. The test SIGKILLs the owner
+(no cleanup code of it runs) and waits, with a bound, until every process below it is gone.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from backends.process import start
+from tests.support.processes import descendants, pid_gone
+from tests.support.waiting import wait_until
+
+REPO = Path(__file__).resolve().parents[1]
+
+OWNERS = {
+    # The common case: a fixture or a bench starts it on the main thread.
+    "redis-server": """
+        from tests.support.redis_server import RedisServer
+        server = RedisServer()
+        server.start()
+        assert server.client().ping()
+        """,
+    # Started on a thread that has ended before the kill (a parent-death signal tied to
+    # the forking thread would have killed it then, or never fired).
+    "tansu": """
+        import threading
+        from tests.support.tansu import TansuBroker
+        broker = TansuBroker()
+        thread = threading.Thread(target=broker.start)
+        thread.start()
+        thread.join()
+        broker.create_topic(1)
+        """,
+    # The e2e tests' and benches' gateway, on the embedded Dafka engine: rafka, and below
+    # it the tower and the store it started.
+    "rafka": """
+        import tempfile
+        from pathlib import Path
+        from tests.support.rafka_process import start_rafka
+        start_rafka(Path(tempfile.mkdtemp()), {"gateway": {}}, "--engine", "dafka")
+        """,
+    # The Dafka engine factory's network (tests/support/engines.py).
+    "dafka-network": """
+        import tempfile
+        from pathlib import Path
+        from backends.dafka.embedded import EmbeddedNetwork
+        EmbeddedNetwork(Path(tempfile.mkdtemp()) / "dafka", stores=1).start()
+        """,
+}
+
+# What must be running below the owner before the kill: a program's file or module name.
+EXPECTED = {
+    "redis-server": ["redis-server"],
+    "tansu": ["tansu"],
+    "rafka": ["rafka", "towerd", "stored"],
+    "dafka-network": ["towerd", "stored"],
+}
+
+
+def owner_program(setup: str) -> list[str]:
+    code = textwrap.dedent(setup) + "print('ready', flush=True)\nimport sys\nsys.stdin.read()\n"
+    return [sys.executable, "-c", code]
+
+
+def runs(program: str, command: str) -> bool:
+    """`command` runs `program` (`/usr/bin/<program>` or `python -m <package>.<program>`)."""
+    return any(program in (Path(arg).name, arg.rsplit(".", 1)[-1]) for arg in command.split())
+
+
+def command_line(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+    except (FileNotFoundError, ProcessLookupError):
+        return "(gone)"
+
+
+@pytest.mark.parametrize(
+    "server",
+    [pytest.param(name, marks=[pytest.mark.kafka] if name == "tansu" else []) for name in OWNERS],
+)
+def test_servers_die_when_their_owner_is_sigkilled(
+    server: str, request: pytest.FixtureRequest
+) -> None:
+    if server == "tansu" and request.config.getoption("no_broker"):
+        pytest.skip("needs a Kafka broker (--no-broker)")
+    owner = start(
+        owner_program(OWNERS[server]),
+        name=f"owner of {server}",
+        ready=r"^ready$",
+        timeout=60,
+        stdin=True,
+        cwd=REPO,
+    )
+    below: set[int] = set()
+    try:
+        below = descendants(owner.pid)
+        running = {pid: command_line(pid) for pid in below}
+        for program in EXPECTED[server]:
+            assert any(runs(program, line) for line in running.values()), (
+                f"no {program} running below the owner: {running}"
+            )
+        owner.kill()
+        assert owner.wait(10) == -signal.SIGKILL
+        wait_until(
+            lambda: all(pid_gone(pid) for pid in below),
+            15,
+            f"the processes the SIGKILLed owner of {server} started to die; still running: "
+            + repr({pid: line for pid, line in running.items() if not pid_gone(pid)}),
+        )
+    finally:
+        owner.stop()
+        for pid in below:  # a failed test must not leave them behind
+            if not pid_gone(pid):
+                os.kill(pid, signal.SIGKILL)
