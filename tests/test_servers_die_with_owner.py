@@ -49,6 +49,17 @@ OWNERS = {
         from tests.support.rafka_process import start_rafka
         start_rafka(Path(tempfile.mkdtemp()), {"gateway": {}}, "--engine", "dafka")
         """,
+    # A bench's load generator, mid-run (and the redis-server it loads).
+    "redis-benchmark": """
+        import os, threading
+        from tests.support.processes import child_running
+        from tests.support.redis_server import RedisServer, redis_benchmark
+        server = RedisServer()
+        server.start()
+        threading.Thread(target=redis_benchmark, args=(server.port, 10**9, "PING_INLINE")).start()
+        while child_running(os.getpid(), "redis-benchmark") is None:
+            pass
+        """,
     # The Dafka engine factory's network (tests/support/engines.py).
     "dafka-network": """
         import tempfile
@@ -63,6 +74,7 @@ EXPECTED = {
     "redis-server": ["redis-server"],
     "tansu": ["tansu"],
     "rafka": ["rafka", "towerd", "stored"],
+    "redis-benchmark": ["redis-benchmark", "redis-server"],
     "dafka-network": ["towerd", "stored"],
 }
 

@@ -1,13 +1,15 @@
-"""A server the tests and benches run as a child process (redis-server, tansu): started
-through `backends.process`, so it is ready when it listens, stops within a bound and dies
-with its owner (parent-death signal), even when the owner is SIGKILLed."""
+"""Programs the tests and benches run as child processes, through `backends.process`, so
+that they die with their owner (parent-death signal), even when it is SIGKILLed: a server
+(redis-server, tansu) ready once it listens, or a command run to its end (redis-benchmark,
+a script) within a bound."""
 
 from __future__ import annotations
 
 import socket
 from collections.abc import Mapping, Sequence
+from typing import Any
 
-from backends.process import Child, start
+from backends.process import Child, ProcessError, describe_exit, spawn, start
 
 STOP_TIMEOUT = 5.0  # seconds between SIGTERM and SIGKILL
 KEEP_LINES = 200  # output lines kept for error messages
@@ -41,3 +43,22 @@ def start_listening(
         env=env,
         keep_lines=KEEP_LINES,
     )
+
+
+def run_to_end(argv: Sequence[str], timeout: float, *, check: bool = True, **options: Any) -> Child:
+    """`argv` as a child (`backends.process.spawn`'s `options`), once it has exited; all its
+    output is kept (`stdout_lines`, `stderr_lines`). ProcessError naming it, the bound and
+    its last output (the child killed) if it still runs after `timeout` s, or, with `check`,
+    if it exits with a status other than 0."""
+    child = spawn(argv, keep_lines=None, **options)
+    try:
+        code = child.wait(timeout)
+    except ProcessError:
+        child.stop(0)
+        raise
+    if check and code != 0:
+        raise ProcessError(
+            f"{child.name} (pid {child.pid}) ended with {describe_exit(code)}; last output:\n"
+            f"{child.tail()}\n  command: {' '.join(child.argv)}"
+        )
+    return child

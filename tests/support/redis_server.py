@@ -7,31 +7,22 @@ Started with `--save '' --appendonly no` (nothing written to disk), stopped afte
 from __future__ import annotations
 
 import shutil
-import subprocess
 import tempfile
 from types import TracebackType
 
 import redis
 
 from backends.process import Child
-from tests.support.child_process import STOP_TIMEOUT, start_listening
+from tests.support.child_process import STOP_TIMEOUT, run_to_end, start_listening
 from tests.support.tansu import free_port
 
 
 def redis_benchmark(port: int, requests: int, *args: str) -> float:
     """Requests per second redis-benchmark reports with 50 clients (its last CSV line);
     `args`: its further options and the command (e.g. "-P", "16", "RPUSHX", key, value)."""
-    output = subprocess.run(
-        [
-            *("redis-benchmark", "-h", "127.0.0.1", "-p", str(port), "-c", "50"),
-            *("-n", str(requests), "-q", "--csv", *args),
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=600,
-    ).stdout
-    last = [line for line in output.splitlines() if line.startswith('"')][-1]
+    argv = ["redis-benchmark", "-h", "127.0.0.1", "-p", str(port), "-c", "50"]
+    run = run_to_end([*argv, "-n", str(requests), "-q", "--csv", *args], timeout=600)
+    last = [line for line in run.stdout_lines if line.startswith('"')][-1]
     return float(last.split(",")[1].strip('"'))
 
 
