@@ -60,6 +60,18 @@ OWNERS = {
         while child_running(os.getpid(), "redis-benchmark") is None:
             pass
         """,
+    # A Spark session as e2e/test_spark.py and the Spark bench make it: its JVM, and the
+    # Python workers a job starts below it (PySpark's own stdin-pipe watch, no helper).
+    "spark": """
+        from pyspark.sql import SparkSession
+        spark = (
+            SparkSession.builder.master("local[1]")
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            .getOrCreate()
+        )
+        assert spark.sparkContext.parallelize(range(10), 1).map(lambda x: x * 2).sum() == 90
+        """,
     # The Dafka engine factory's network (tests/support/engines.py).
     "dafka-network": """
         import tempfile
@@ -75,8 +87,12 @@ EXPECTED = {
     "tansu": ["tansu"],
     "rafka": ["rafka", "towerd", "stored"],
     "redis-benchmark": ["redis-benchmark", "redis-server"],
+    "spark": ["java", "pyspark.daemon"],
     "dafka-network": ["towerd", "stored"],
 }
+
+
+MARKS = {"tansu": [pytest.mark.kafka], "spark": [pytest.mark.slow]}
 
 
 def owner_program(setup: str) -> list[str]:
@@ -86,7 +102,7 @@ def owner_program(setup: str) -> list[str]:
 
 def runs(program: str, command: str) -> bool:
     """`command` runs `program` (`/usr/bin/<program>` or `python -m <package>.<program>`)."""
-    return any(program in (Path(arg).name, arg.rsplit(".", 1)[-1]) for arg in command.split())
+    return any(program in (arg, Path(arg).name, arg.rsplit(".", 1)[-1]) for arg in command.split())
 
 
 def command_line(pid: int) -> str:
@@ -98,7 +114,7 @@ def command_line(pid: int) -> str:
 
 @pytest.mark.parametrize(
     "server",
-    [pytest.param(name, marks=[pytest.mark.kafka] if name == "tansu" else []) for name in OWNERS],
+    [pytest.param(name, marks=MARKS.get(name, [])) for name in OWNERS],
 )
 def test_servers_die_when_their_owner_is_sigkilled(
     server: str, request: pytest.FixtureRequest
@@ -109,9 +125,10 @@ def test_servers_die_when_their_owner_is_sigkilled(
         owner_program(OWNERS[server]),
         name=f"owner of {server}",
         ready=r"^ready$",
-        timeout=60,
+        timeout=120,
         stdin=True,
         cwd=REPO,
+        env={"SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable},
     )
     below: set[int] = set()
     try:
