@@ -30,8 +30,8 @@ OWNERS = {
         server.start()
         assert server.client().ping()
         """,
-    # Started on a thread that has ended before the kill (a parent-death signal tied to
-    # the forking thread would have killed it then, or never fired).
+    # Started on a thread that has ended before the kill: a parent-death signal tied to
+    # the forking thread would have killed it then (create_topic checks it still serves).
     "tansu": """
         import threading
         from tests.support.tansu import TansuBroker
