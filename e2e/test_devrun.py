@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import re
 import signal
 import socket
-import subprocess
 import sys
 
 import pytest
 import redis
 
+from backends.process import spawn
 from tests.support.rafka_process import REPO
 from tests.support.tansu import free_port
 
@@ -18,29 +17,25 @@ from tests.support.tansu import free_port
 @pytest.mark.kafka
 def test_dev_run_serves_on_tansu_and_ctrl_c_stops_both() -> None:
     port = free_port()
-    process = subprocess.Popen(
+    # Through backends.process: it (and so its Tansu) dies with the test run, even a
+    # SIGKILLed one.
+    process = spawn(
         [sys.executable, "-m", "tests.support.devrun_kafka", "--port", str(port)],
+        name="devrun_kafka",
         cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
     )
     try:
-        assert process.stdout is not None
-        banner = process.stdout.readline()  # printed once the gateway listens
-        found = re.search(r"Tansu broker at 127\.0\.0\.1:(\d+)", banner)
-        assert found, f"unexpected banner: {banner!r}"
+        # Printed once the gateway listens.
+        found = process.wait_line(r"Tansu broker at 127\.0\.0\.1:(\d+)", 60, stream="stdout")
         client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=10)
         assert client.rpushx("topics:devrun", "hello") == 1  # Tansu auto-creates it here
         assert client.execute_command("DUMP", "5000") == 0
         assert int(client.hgetall("stats")[b"producer.delivered.messages"]) == 1
         client.close()
         process.send_signal(signal.SIGINT)
-        assert process.wait(timeout=30) == 0
+        assert process.wait(30) == 0
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+        process.stop()
     broker = int(found.group(1))
     try:
         socket.create_connection(("127.0.0.1", broker), timeout=2).close()

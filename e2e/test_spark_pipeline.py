@@ -4,14 +4,13 @@ finds the same aggregates as the batch job, and leaves no process behind."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.support.child_process import run_to_end
 from tests.support.engines import GATEWAY_ENGINES
 
 REPO = Path(__file__).resolve().parent.parent
@@ -34,16 +33,18 @@ def test_pipeline_streams_the_flights_and_matches_the_batch_job(
 ) -> None:
     if engine == "kafka" and request.config.getoption("no_broker"):
         pytest.skip("needs a Kafka broker (--no-broker)")
-    run = subprocess.run(
+    # Through backends.process: the script (and so its gateway and Spark) dies with the
+    # test run, even a SIGKILLed one.
+    run = run_to_end(
         [sys.executable, str(SCRIPT), "--engine", engine, "--limit", str(FLIGHTS)],
+        360,
+        check=False,
         cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=360,
-        env={**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"},
+        env={"PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"},
     )
-    out = run.stdout
-    assert run.returncode == 0, f"exit {run.returncode}\n{out}\n{run.stderr[-3000:]}"
+    out = "\n".join(run.stdout_lines)
+    stderr = "\n".join(run.stderr_lines)
+    assert run.returncode == 0, f"exit {run.returncode}\n{out}\n{stderr[-3000:]}"
     assert f"sink: batch 0: {FLIGHTS:,} flights sent" in out, out
     assert f"source: {FLIGHTS:,} flights read from topic flights" in out, out
     summary = re.search(r"(\d+) carrier-months, ([\d,]+) flights streamed.*; (\d+) differ", out)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -17,6 +16,7 @@ import redis
 
 from backends.dafka.settings import DafkaSettings
 from backends.kafka.settings import KafkaSettings
+from backends.process import spawn
 from backends.registry import ENGINES
 from gateway import __version__
 from gateway.config import REDACTED, Config, ConfigError, from_args, from_dict
@@ -209,11 +209,11 @@ def test_cli_serves_then_exits_0_on_sigterm(tmp_path: Path, tansu: TansuBroker) 
             "producer": {"queue.buffering.max.ms": 5},
         },
     )
-    process = subprocess.Popen(
+    # Through backends.process: it dies with the test run, even a SIGKILLed one.
+    process = spawn(
         [*RAFKA, "-c", path, "--host", "127.0.0.1", "-p", str(port), "--log-json"],
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={"PYTHONUNBUFFERED": "1"},
+        keep_lines=None,
     )
     try:
         client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=10)
@@ -229,12 +229,10 @@ def test_cli_serves_then_exits_0_on_sigterm(tmp_path: Path, tansu: TansuBroker) 
         assert client.execute_command("DUMP", "5000") == 0
         client.close()
         process.send_signal(signal.SIGTERM)
-        _, stderr = process.communicate(timeout=30)
+        assert process.wait(30) == 0
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-    assert process.returncode == 0
+        process.stop()
+    stderr = "\n".join(process.stderr_lines)
     lines = [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
     events = [line["event"] for line in lines]
     assert "starting" in events and "Shutting down..." in events

@@ -26,6 +26,21 @@ def children(pid: int) -> set[int]:
     return found
 
 
+def descendants(pid: int) -> set[int]:
+    """The pids of a process's children, their children, and so on (those still there)."""
+    found: set[int] = set()
+    parents = [pid]
+    while parents:
+        parent = parents.pop()
+        try:
+            below = children(parent) - found
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # exited meanwhile
+        found |= below
+        parents.extend(below)
+    return found
+
+
 def child_running(pid: int, argument: str) -> int | None:
     """The pid of a running child of `pid` whose command line has `argument`, if any."""
     for child in children(pid):

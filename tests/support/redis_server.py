@@ -7,30 +7,22 @@ Started with `--save '' --appendonly no` (nothing written to disk), stopped afte
 from __future__ import annotations
 
 import shutil
-import subprocess
 import tempfile
 from types import TracebackType
 
 import redis
 
-from tests.support.child_process import stop, wait_listening
+from backends.process import Child
+from tests.support.child_process import STOP_TIMEOUT, run_to_end, start_listening
 from tests.support.tansu import free_port
 
 
 def redis_benchmark(port: int, requests: int, *args: str) -> float:
     """Requests per second redis-benchmark reports with 50 clients (its last CSV line);
     `args`: its further options and the command (e.g. "-P", "16", "RPUSHX", key, value)."""
-    output = subprocess.run(
-        [
-            *("redis-benchmark", "-h", "127.0.0.1", "-p", str(port), "-c", "50"),
-            *("-n", str(requests), "-q", "--csv", *args),
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=600,
-    ).stdout
-    last = [line for line in output.splitlines() if line.startswith('"')][-1]
+    argv = ["redis-benchmark", "-h", "127.0.0.1", "-p", str(port), "-c", "50"]
+    run = run_to_end([*argv, "-n", str(requests), "-q", "--csv", *args], timeout=600)
+    last = [line for line in run.stdout_lines if line.startswith('"')][-1]
     return float(last.split(",")[1].strip('"'))
 
 
@@ -40,7 +32,7 @@ class RedisServer:
         self.port = free_port()
         self._startup_timeout = startup_timeout
         self._options = options
-        self._process: subprocess.Popen[bytes] | None = None
+        self._child: Child | None = None
         self._directory: tempfile.TemporaryDirectory[str] | None = None
 
     @property
@@ -52,7 +44,14 @@ class RedisServer:
         if binary is None:
             raise FileNotFoundError("redis-server is not installed (make system-packages)")
         self._directory = tempfile.TemporaryDirectory(prefix="rafka-redis-")
-        self._process = subprocess.Popen(
+        try:
+            self._child = self._start(binary, self._directory.name)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self, binary: str, directory: str) -> Child:
+        return start_listening(
             [
                 binary,
                 "--port",
@@ -64,25 +63,21 @@ class RedisServer:
                 "--appendonly",
                 "no",
                 "--dir",
-                self._directory.name,
+                directory,
                 *self._options,
             ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            self.port,
+            "redis-server",
+            self._startup_timeout,
         )
-        try:
-            wait_listening(self._process, self.port, "redis-server", self._startup_timeout)
-        except TimeoutError:
-            self.stop()
-            raise
 
     def client(self, protocol: int = 3) -> redis.Redis:
         return redis.Redis(host="127.0.0.1", port=self.port, protocol=protocol)
 
     def stop(self) -> None:
-        process, self._process = self._process, None
-        if process is not None:
-            stop(process)
+        child, self._child = self._child, None
+        if child is not None:
+            child.stop(STOP_TIMEOUT)
         directory, self._directory = self._directory, None
         if directory is not None:
             directory.cleanup()

@@ -9,11 +9,11 @@ from __future__ import annotations
 import os
 import secrets
 import socket
-import subprocess
 import time
 from pathlib import Path
 
-from tests.support.child_process import stop, wait_listening
+from backends.process import Child
+from tests.support.child_process import STOP_TIMEOUT, start_listening
 
 
 def tansu_binary() -> Path:
@@ -39,11 +39,11 @@ class TansuBroker:
         self.port = port or free_port()
         self.bootstrap = f"127.0.0.1:{self.port}"
         self._startup_timeout = startup_timeout
-        self._process: subprocess.Popen[bytes] | None = None
+        self._child: Child | None = None
 
     def start(self) -> None:
         url = f"tcp://127.0.0.1:{self.port}"
-        self._process = subprocess.Popen(
+        self._child = start_listening(
             [
                 str(tansu_binary()),
                 "broker",
@@ -54,16 +54,16 @@ class TansuBroker:
                 "--storage-engine",
                 "memory://tansu/",
             ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            env={**os.environ, "RUST_LOG": os.environ.get("TANSU_LOG", "error")},
+            self.port,
+            "tansu",
+            self._startup_timeout,
+            env={"RUST_LOG": os.environ.get("TANSU_LOG", "error")},
         )
-        wait_listening(self._process, self.port, "tansu", self._startup_timeout)
 
     def stop(self) -> None:
-        process, self._process = self._process, None
-        if process is not None:
-            stop(process)
+        child, self._child = self._child, None
+        if child is not None:
+            child.stop(STOP_TIMEOUT)
 
     def create_topic(
         self, partitions: int = 4, timeout: float = 10.0, name: str | None = None
