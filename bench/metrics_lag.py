@@ -23,12 +23,14 @@ from typing import Any
 
 import redis
 
+from backends.ports import free_port
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.support, as run.py
 
 from tests.support.kafka import kafka_document
 from tests.support.metrics import scrape
 from tests.support.rafka_process import RafkaProcess
-from tests.support.tansu import TansuBroker, free_port
+from tests.support.tansu import TansuBroker
 
 
 def main() -> None:

@@ -45,8 +45,9 @@ import yaml
 
 from backends.dafka.config import Config as ZplConfig
 from backends.dafka.embedded import STORE_READY
+from backends.ports import free_port
 from backends.process import Child, ProcessError, spawn
-from tests.support.tansu import TansuBroker, free_port
+from tests.support.tansu import TansuBroker
 
 REPO = Path(__file__).resolve().parent.parent
 COMPOSE_FILE = REPO / "docker-compose.yml"

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 import redis
 
+from backends.ports import free_port
 from e2e.helpers import WAIT, consume, dafka_document, drain, produce
 from tests.support.dafka_programs import Program, zpl
 from tests.support.processes import children
 from tests.support.rafka_process import RAFKA, RafkaProcess
-from tests.support.tansu import free_port
 from tests.support.waiting import wait_until
 
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from backends.ports import free_port
 from e2e.helpers import store_entries
 from tests.support.dafka_programs import Program, zpl
-from tests.support.tansu import free_port
 from tests.support.waiting import wait_until
 
 

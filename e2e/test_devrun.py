@@ -9,9 +9,9 @@ import sys
 import pytest
 import redis
 
+from backends.ports import free_port
 from backends.process import spawn
 from tests.support.rafka_process import REPO
-from tests.support.tansu import free_port
 
 
 @pytest.mark.kafka

@@ -19,10 +19,11 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from backends.ports import free_port
 from e2e.helpers import WAIT, DafkaDeployment, Producing, dafka_document, drain, produce
 from tests.support.processes import child_running, pid_gone
 from tests.support.rafka_process import RAFKA, RafkaProcess, write_config
-from tests.support.tansu import TansuBroker, free_port
+from tests.support.tansu import TansuBroker
 from tests.support.waiting import wait_until
 
 STORE = "backends.dafka.tools.stored"

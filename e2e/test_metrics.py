@@ -12,10 +12,10 @@ from pathlib import Path
 
 import redis
 
+from backends.ports import free_port
 from e2e.helpers import WAIT, consume, dafka_document
 from tests.support.metrics import Scrape, scrape, scrape_until
 from tests.support.rafka_process import RAFKA, REPO, RafkaProcess
-from tests.support.tansu import free_port
 
 RECORDS = 16
 VALUE_SIZE = 128 * 1024  # random bytes: nothing compresses them

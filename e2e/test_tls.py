@@ -16,11 +16,11 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from backends.ports import free_port
 from backends.process import Child, start
 from e2e.helpers import Deployment
 from tests.support.certs import Certs, make_certs
 from tests.support.rafka_process import RAFKA, REPO
-from tests.support.tansu import free_port
 
 RUBY_CLIENT = REPO / "clients" / "ruby-example" / "rafka_example.rb"
 USERS = {"producer": "p-secret", "consumer": "c-secret"}

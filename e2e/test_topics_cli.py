@@ -16,10 +16,11 @@ from typing import Any
 import pytest
 import redis
 
+from backends.ports import free_port
 from e2e.helpers import dafka_document, store_entries
 from tests.support.dafka_programs import BIN, Program, zpl
 from tests.support.rafka_process import RafkaProcess, write_config
-from tests.support.tansu import TansuBroker, free_port
+from tests.support.tansu import TansuBroker
 from tests.support.waiting import wait_until
 
 TOPICS = BIN / "rafka-topics"

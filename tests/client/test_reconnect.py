@@ -15,12 +15,12 @@ import hiredis
 import pytest
 from rafka_client import ConnectionLost, Consumer, DeliveryUnknown, Producer, Record
 
+from backends.ports import free_port
 from gateway.runner import ServerThread
 from tests.client.conftest import WAIT, Backend, new_group, take
 from tests.support.engines import EngineFactory
 from tests.support.gateway import Raw
 from tests.support.proxy import TcpProxy
-from tests.support.tansu import free_port
 
 
 def values_of(records: list[Record]) -> set[bytes]:

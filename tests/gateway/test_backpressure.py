@@ -17,13 +17,13 @@ from typing import Any
 import pytest
 
 from backends.dafka.embedded import EmbeddedNetwork, store_name
+from backends.ports import free_port
 from gateway.config import Config, from_dict
 from gateway.runner import ServerThread
 from tests.support.engines import GATEWAY_ENGINES
 from tests.support.fixtures import EngineFactories
 from tests.support.gateway import Raw, running
 from tests.support.kafka import kafka_document
-from tests.support.tansu import free_port
 
 QUEUE = 5  # records the engine may hold not yet durable
 

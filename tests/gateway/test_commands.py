@@ -12,11 +12,12 @@ from typing import Any
 import pytest
 import redis
 
+from backends.ports import free_port
 from gateway.config import from_dict
 from gateway.runner import ServerThread
 from tests.support.fixtures import GatewayConfig
 from tests.support.gateway import Raw, client, running
-from tests.support.tansu import TansuBroker, free_port
+from tests.support.tansu import TansuBroker
 from tests.support.waiting import wait_until
 
 # Short default so that "non-numeric timeout -> default" is quick to observe.

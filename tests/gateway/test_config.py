@@ -16,11 +16,12 @@ import redis
 
 from backends.dafka.settings import DafkaSettings
 from backends.kafka.settings import KafkaSettings
+from backends.ports import free_port
 from backends.process import spawn
 from backends.registry import ENGINES
 from gateway import __version__
 from gateway.config import REDACTED, Config, ConfigError, from_args, from_dict
-from tests.support.tansu import TansuBroker, free_port
+from tests.support.tansu import TansuBroker
 from tests.support.waiting import wait_until
 
 # The console script installed with the package (pyproject [project.scripts]).

@@ -16,6 +16,7 @@ from collections.abc import Callable
 import pytest
 import redis
 
+from backends.ports import free_port
 from gateway.config import ConfigError, from_args, from_dict
 from gateway.runner import ServerThread
 from gateway.stats import ServerStats
@@ -25,7 +26,6 @@ from tests.support.gateway import refused
 from tests.support.kafka import kafka_document
 from tests.support.metrics import Scrape, scrape, scrape_until
 from tests.support.processes import listening_addresses
-from tests.support.tansu import free_port
 
 PRODUCED = 12
 KEYS = ("a", "b", "c", "d")  # CRC32 (both engines' default): "d" to partition 0, the others 1

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from backends.ports import free_port
 from gateway.config import ConfigError, from_dict
 from gateway.monitor import REDACTED_ARG, redact
 from gateway.push.spec import parse_subscriptions
@@ -26,7 +27,6 @@ from tests.support.fixtures import EngineFactories, GatewayConfig
 from tests.support.gateway import client
 from tests.support.http_sink import HttpSink
 from tests.support.rafka_process import RAFKA
-from tests.support.tansu import free_port
 from tests.support.waiting import wait_until
 
 TOOL = Path(sys.executable).parent / "rafka-subscriptions"

@@ -21,8 +21,9 @@ from backends.base import (
     UnknownTopicError,
 )
 from backends.kafka.admin import KafkaAdmin
+from backends.ports import free_port
 from tests.support.kafka import kafka_settings
-from tests.support.tansu import TansuBroker, free_port
+from tests.support.tansu import TansuBroker
 
 pytestmark = pytest.mark.kafka
 

@@ -23,9 +23,10 @@ from backends.base import (
     Stats,
 )
 from backends.kafka.engine import KafkaEngine
+from backends.ports import free_port
 from tests.support.consuming import WAIT, asyncio_test, new_group
 from tests.support.kafka import kafka_settings, running_engine
-from tests.support.tansu import TansuBroker, free_port
+from tests.support.tansu import TansuBroker
 from tests.support.waiting import wait_until_async
 
 pytestmark = pytest.mark.kafka

@@ -11,10 +11,11 @@ import pytest
 import structlog
 
 from backends.base import MetadataClientError, ProduceError, ProducerCreationError, Stats
+from backends.ports import free_port
 from backends.settings import REDACTED
 from tests.support.consuming import WAIT, asyncio_test, consume, new_group, timed
 from tests.support.kafka import running_engine
-from tests.support.tansu import TansuBroker, free_port
+from tests.support.tansu import TansuBroker
 from tests.support.waiting import wait_until_async
 
 pytestmark = pytest.mark.kafka

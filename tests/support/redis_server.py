@@ -12,9 +12,9 @@ from types import TracebackType
 
 import redis
 
+from backends.ports import free_port
 from backends.process import Child
 from tests.support.child_process import STOP_TIMEOUT, run_to_end, start_listening
-from tests.support.tansu import free_port
 
 
 def redis_benchmark(port: int, requests: int, *args: str) -> float:

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import os
 import secrets
-import socket
 import time
 from pathlib import Path
 
+from backends.ports import free_port
 from backends.process import Child
 from tests.support.child_process import STOP_TIMEOUT, start_listening
 
@@ -23,13 +23,6 @@ def tansu_binary() -> Path:
     if not binary.exists():
         raise FileNotFoundError(f"no tansu binary at {binary}")
     return binary
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as probe:
-        probe.bind((host, 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 class TansuBroker:
