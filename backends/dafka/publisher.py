@@ -336,6 +336,11 @@ class Publisher(Actor):
         self._sub = sub = socket(zmq.SUB)
         pub.sndhwm = self._hwm
         sub.rcvhwm = self._hwm
+        # What the SUB sends is its subscriptions, two per partition, and a SUB drops
+        # those that do not fit under its send high-water mark (1,000 by default): opening
+        # 500 partitions at once lost ACKs and FETCHes for good. Unbounded: at most two
+        # messages per partition open.
+        sub.sndhwm = 0
         return bind_data_socket(pub, self._config, sub)
 
     def _stopped(self, error: BaseException | None) -> None:
