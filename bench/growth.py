@@ -48,8 +48,8 @@ from tests.support.rafka_process import start_rafka
 from tests.support.tansu import TansuBroker
 
 VALUE = b"x" * 100
-# Open files the gateway may need: on Dafka about 22 per partition written
-# (docs/dafka-engine.md), 1,000 topics of 4 partitions ~ 90,000.
+# Open files the gateway may need: on Kafka a few per broker connection; on Dafka no more
+# with 1,000 topics than with one (docs/dafka-engine.md). Raised in case.
 OPEN_FILES = 100_000
 PIPELINE = 1000  # RPUSHX per pipeline
 WAIT = 30  # BLPOP timeout (s): a group that waits this long for a record has a problem
