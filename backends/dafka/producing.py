@@ -42,7 +42,8 @@ ASK_INTERVAL = 0.02  # seconds between two questions to the stores during a DUMP
 
 class WriterNode:
     """The `Publisher` every partition writer of a gateway is a partition of: made by the
-    first writer that needs it, made again by the next one after it failed."""
+    first writer that needs it, made again by the next one after it failed (its writers
+    fail with it; the engine replaces a failed writer at its next record)."""
 
     def __init__(self, config: Callable[[], Config]) -> None:
         self._config = config
@@ -56,7 +57,7 @@ class WriterNode:
             if self._closed:
                 raise RuntimeError("the gateway's Dafka writers are closed")
             publisher = self._publisher
-            if publisher is None or publisher.failed:
+            if publisher is None or not publisher.usable:
                 if publisher is not None:
                     publisher.close(0)
                 # Marked as a gateway's: the other gateways' writers do not connect to it.

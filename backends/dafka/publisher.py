@@ -273,6 +273,11 @@ class Publisher(Actor):
         """The actor stopped on an error: its partitions refuse records."""
         return self._failed
 
+    @property
+    def usable(self) -> bool:
+        """Neither closed nor failed: `open()` and its partitions take records."""
+        return not (self._closed or self._failed)
+
     def partition_count(self) -> int:
         return len(self._partitions)
 
