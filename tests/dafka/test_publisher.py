@@ -8,7 +8,6 @@ over 127.0.0.1 TCP."""
 
 from __future__ import annotations
 
-import functools
 import threading
 import uuid
 from collections.abc import Iterator
@@ -66,6 +65,20 @@ def all_acked(partitions: list[Partition]) -> bool:
     return all(partition.unacked_count() == 0 for partition in partitions)
 
 
+def wait_acked(partitions: list[Partition], timeout: float, what: str) -> None:
+    """Wait until every record of `partitions` is acknowledged; the failure says how
+    many were not."""
+    try:
+        wait_until(lambda: all_acked(partitions), timeout, what)
+    except AssertionError as late:
+        left = sum(partition.unacked_count() for partition in partitions)
+        raise AssertionError(f"{late} ({left} records still unacknowledged)") from None
+
+
+def wait_sent(partitions: list[Partition]) -> None:
+    wait_until(lambda: all(p.sent_count() == RECORDS for p in partitions), 5, "every record sent")
+
+
 def stored(store: Store, partition: Partition) -> list[bytes]:
     records = store.storage.records(partition.topic.encode(), partition.address.encode())
     return [content for _, content in records]
@@ -87,11 +100,7 @@ def test_a_store_stores_and_acks_every_partition_of_one_publisher(
     )
     partitions.append(with_callback)
     publish_all(partitions)
-    wait_until(
-        lambda: all_acked(partitions),
-        10,
-        f"ACKs for every partition ({publisher.unacked_count()} records unacked)",
-    )
+    wait_acked(partitions, 10, "ACKs for every partition")
     for partition in partitions:
         assert stored(store, partition) == contents(partition), partition.address
     assert acked == {with_callback.address: RECORDS - 1}
@@ -103,15 +112,11 @@ def test_a_store_that_starts_later_catches_up_on_every_partition(
 ) -> None:
     partitions = open_many(publisher)
     publish_all(partitions)
-    wait_until(lambda: all(p.sent_count() == RECORDS for p in partitions), 5, "every record sent")
+    wait_sent(partitions)
     assert publisher.unacked_count() == len(partitions) * RECORDS  # no store yet
     with Store(store_config, zmq.Context.instance()) as store:
         # The store learns each partition from its HEADs and FETCHes what it missed.
-        wait_until(
-            lambda: all_acked(partitions),
-            15,
-            f"a late store catching up ({publisher.unacked_count()} records unacked)",
-        )
+        wait_acked(partitions, 15, "a late store catching up")
         for partition in partitions:
             assert stored(store, partition) == contents(partition), partition.address
 
@@ -123,7 +128,7 @@ def test_a_consumer_fetches_each_partition_from_the_publisher(
     publisher's memory, each partition by its own address (F<address>, DIRECT_RECORD)."""
     partitions = [publisher.open("shared", address=address()) for _ in range(5)]
     publish_all(partitions)
-    wait_until(lambda: all(p.sent_count() == RECORDS for p in partitions), 5, "every record sent")
+    wait_sent(partitions)
     consumer = make_consumer("earliest")
     consumer.subscribe("shared")
     got: dict[str, list[tuple[int, bytes]]] = {p.address: [] for p in partitions}
@@ -151,8 +156,7 @@ def test_a_store_acking_once_reaches_a_partition_opened_later(
             for _ in range(3):
                 partition = publisher.open("late", address=address())
                 partition.publish_many([b"a", b"b"])
-                acked = functools.partial(all_acked, [partition])
-                wait_until(acked, 5, f"the ACK of {partition.address}")
+                wait_acked([partition], 5, f"the ACK of {partition.address}")
                 assert store.stored("late", partition.address) == [b"a", b"b"]
     finally:
         publisher.close(timeout=0)
@@ -174,7 +178,7 @@ def test_heads_of_every_partition_on_one_timer(publisher: Publisher, test_peer: 
             heads[msg.address] = msg.sequence
         return len(heads) == len(partitions)
 
-    wait_until(heard_all, 10, f"a HEAD of each partition (heard {len(heads)})")
+    wait_until(heard_all, 10, "a HEAD of each partition")
     assert heads == {p.address: number for number, p in enumerate(partitions)}
 
 
@@ -185,16 +189,12 @@ def test_a_thousand_partitions_opened_at_once_cost_no_thread_and_are_all_acked(
     on a live connection (more than a SUB's default send high-water mark of 1,000)."""
     first = publisher.open("cost", address=address())
     first.publish(b"warm-up")
-    wait_until(lambda: first.unacked_count() == 0, 5, "the warm-up ACK")
+    wait_acked([first], 5, "the warm-up ACK")
     threads = threading.active_count()
     partitions = [publisher.open(f"cost-{i}", address=address()) for i in range(1000)]
     for partition in partitions:
         partition.publish(b"one")
-    wait_until(
-        lambda: all_acked(partitions),
-        20,
-        f"ACKs of 1,000 partitions ({publisher.unacked_count()} records unacked)",
-    )
+    wait_acked(partitions, 20, "ACKs of 1,000 partitions")
     assert threading.active_count() == threads
     assert publisher.partition_count() == 1001
 
