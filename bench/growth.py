@@ -12,7 +12,8 @@ fresh broker) is started and:
    once, each connection with --window BLPOPs in flight: records delivered per second,
    all groups together;
 4. the gateway's RSS (VmRSS of the `rafka` process; on Dafka, the embedded tower and
-   stores are processes of their own and not counted).
+   stores are processes of their own and not counted), its threads and open files, and
+   the CPU seconds its child processes (Dafka: the embedded tower and stores) used.
 Each figure is printed next to the 1-topic, 1-group figure of the same engine in the same
 run, with the ratio (issue 11's aim: within 20%, i.e. a ratio of 0.8 or more for the
 rates, at most 1.2 for RSS).
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import sys
 import tempfile
@@ -46,8 +48,8 @@ from tests.support.rafka_process import start_rafka
 from tests.support.tansu import TansuBroker
 
 VALUE = b"x" * 100
-# Open files the gateway may need: on Dafka about 22 per partition written
-# (docs/dafka-engine.md), 1,000 topics of 4 partitions ~ 90,000.
+# Open files the gateway may need: on Kafka a few per broker connection; on Dafka no more
+# with 1,000 topics than with one (docs/dafka-engine.md). Raised in case.
 OPEN_FILES = 100_000
 PIPELINE = 1000  # RPUSHX per pipeline
 WAIT = 30  # BLPOP timeout (s): a group that waits this long for a record has a problem
@@ -106,6 +108,30 @@ class Figures:
     consume: float  # records delivered/s, all groups
     rss: float  # bytes
     setup: float  # seconds: warm-up and joins
+    threads: float = 0.0  # the gateway's, at the end
+    files: float = 0.0  # the gateway's open files, at the end
+    children_cpu: float = 0.0  # seconds of CPU its child processes used, all of the shape
+
+
+def threads_and_files(pid: int) -> tuple[int, int]:
+    """The process's thread count and open file descriptors."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Threads:"):
+            return int(line.split()[1]), len(list(Path(f"/proc/{pid}/fd").iterdir()))
+    raise RuntimeError(f"no Threads for process {pid}")
+
+
+def children_cpu(pid: int) -> float:
+    """CPU seconds (user + system) used so far by the live children of `pid`."""
+    ticks = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            try:
+                fields = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()
+            except FileNotFoundError:
+                continue
+            ticks += int(fields[11]) + int(fields[12])  # utime, stime
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def topic_names(count: int) -> list[str]:
@@ -224,12 +250,20 @@ def median_of_runs(engine: str, topics: int, groups: int, args: argparse.Namespa
                 produced, consumed, setup = asyncio.run(asyncio.wait_for(work, args.bound))
             except TimeoutError:
                 raise RuntimeError(f"not done within --bound {args.bound:g} s") from None
-            runs.append(Figures(produced, consumed, float(rss_bytes(pid)), setup))
+            threads, files = threads_and_files(pid)
+            runs.append(
+                Figures(
+                    produced,
+                    consumed,
+                    float(rss_bytes(pid)),
+                    setup,
+                    threads,
+                    files,
+                    children_cpu(pid),
+                )
+            )
     return Figures(
-        statistics.median(f.produce for f in runs),
-        statistics.median(f.consume for f in runs),
-        statistics.median(f.rss for f in runs),
-        statistics.median(f.setup for f in runs),
+        *(statistics.median(getattr(f, name) for f in runs) for name in Figures.__annotations__)
     )
 
 
@@ -246,9 +280,24 @@ def print_row(label: str, figures: Figures, reference: Figures | None) -> None:
     print(
         f"  {label:<20} {figures.produce:>9,.0f}/s {produce}   "
         f"{figures.consume:>9,.0f}/s {consume}   "
-        f"{figures.rss / 2**20:>7,.1f} MiB {rss}   {figures.setup:6.1f} s",
+        f"{figures.rss / 2**20:>7,.1f} MiB {rss}   {figures.setup:6.1f} s   "
+        f"{figures.threads:>7,.0f} {figures.files:>7,.0f} {figures.children_cpu:>8.1f} s",
         flush=True,
     )
+
+
+def parse_shapes(text: str) -> tuple[tuple[int, int], ...]:
+    """`1x1,100x1` -> ((1, 1), (100, 1))."""
+    try:
+        shapes = tuple(
+            (int(topics), int(groups))
+            for topics, groups in (item.split("x") for item in text.split(","))
+        )
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not TOPICSxGROUPS,...: {text!r}") from None
+    if not shapes or any(t < 1 or g < 1 for t, g in shapes):
+        raise argparse.ArgumentTypeError(f"topics and groups are at least 1: {text!r}")
+    return shapes
 
 
 def main() -> int:
@@ -266,6 +315,13 @@ def main() -> int:
     parser.add_argument(
         "--bound", type=float, default=120.0, help="seconds one shape may take (then: failed)"
     )
+    parser.add_argument(
+        "--shapes",
+        type=parse_shapes,
+        default=SHAPES,
+        help="TOPICSxGROUPS,... (default: 1x1,100x1,1000x1,1x10,1x100); ratios are to the "
+        "first one",
+    )
     args = parser.parse_args()
     limit = raise_open_files(OPEN_FILES)
     if limit < OPEN_FILES:
@@ -280,15 +336,16 @@ def main() -> int:
         )
         print(
             f"  {'shape':<20} {'produce':>11} {'ratio':>5}   {'consume':>11} {'ratio':>5}   "
-            f"{'RSS':>11} {'ratio':>5}   {'set-up':>8}",
+            f"{'RSS':>11} {'ratio':>5}   {'set-up':>8}   {'threads':>7} {'files':>7} "
+            f"{'children':>10}",
             flush=True,
         )
         reference: Figures | None = None
-        for topics, groups in SHAPES:
+        for topics, groups in args.shapes:
             figures = measure(engine, topics, groups, args)
             if figures is None:
                 continue
-            if (topics, groups) == SHAPES[0]:
+            if (topics, groups) == args.shapes[0]:
                 reference = figures
             label = f"{topics} topic{'s' * (topics > 1)}, {groups} group{'s' * (groups > 1)}"
             print_row(label, figures, reference)

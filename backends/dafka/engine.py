@@ -58,7 +58,9 @@ from backends.dafka.producing import (
     INVALID_TOPIC,
     PartitionWriter,
     ProducerHandle,
+    WriterNode,
 )
+from backends.dafka.publisher import Publisher
 from backends.dafka.reader import Event, Reader
 from backends.dafka.settings import RESETS, DafkaSettings
 
@@ -193,6 +195,7 @@ class DafkaEngine(Engine):
         self._started = False
         self._observer: Observer | None = None
         self._writers: dict[tuple[str, int], PartitionWriter] = {}
+        self._writer_node = WriterNode(lambda: self.dafka_config)
         self._by_address: dict[tuple[str, str], PartitionWriter] = {}
         self._writable: set[str] = set()  # topics checked for produce
         self._groups: dict[str, Group] = {}
@@ -319,9 +322,9 @@ class DafkaEngine(Engine):
             with contextlib.suppress(Exception):
                 await writer.ready
             writer.publish_pending()
-        left = await asyncio.gather(*(asyncio.to_thread(w.close, timeout) for w in writers))
-        if any(left):
-            log.warning("records not acknowledged by any store at stop", records=sum(left))
+        left = await asyncio.to_thread(self._writer_node.close, timeout)
+        if left:
+            log.warning("records not acknowledged by any store at stop", records=left)
         for group in list(self._groups.values()):
             await group.close()
         if self._reader is not None:
@@ -355,6 +358,10 @@ class DafkaEngine(Engine):
         count = self.partition_count(topic)
         number = self.settings.node * count + self._partitioner(key, count)
         return self.writer(topic, number)
+
+    def publisher(self) -> Publisher:
+        """The actor all partition writers share (blocking the first time: any thread)."""
+        return self._writer_node.get()
 
     def writer(self, topic: str, number: int) -> PartitionWriter:
         writer = self._writers.get((topic, number))

@@ -198,6 +198,10 @@ class Node(Actor):
         if self._hwm is not None:
             sub.rcvhwm = self._hwm
             xpub.sndhwm = self._hwm
+        # A SUB sends only its subscriptions, and drops those past its send high-water
+        # mark (1,000 by default): a node subscribing 500 topics at once (M and H each)
+        # lost some for good. Unbounded: at most its own subscriptions are queued.
+        sub.sndhwm = 0
         xpub.setsockopt(zmq.XPUB_VERBOSE, 1)
         port = bind_data_socket(xpub, self._config, sub)
         for prefix in self._subscriptions():

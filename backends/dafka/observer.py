@@ -61,6 +61,10 @@ class Observer(Node):
         # (topic, address) -> head; stored: what a store answered; published: HEADs.
         self._stored: dict[tuple[str, str], int] = {}
         self._published: dict[tuple[str, str], int] = {}
+        # topic -> addresses in either table: heads(topic) looks at that topic's partitions
+        # only, not at every partition of the network (it runs once per partition a
+        # gateway opens, and per LLEN).
+        self._addresses: dict[str, set[str]] = {}
         self._readers: set[str] = set()  # store readers greeted
         self._requester: dict[str, str] = {}  # reader -> our requester address for it
         self._reader_of: dict[bytes, str] = {}  # requester routing bytes -> reader
@@ -117,6 +121,7 @@ class Observer(Node):
         with self._cond:
             if head > self._stored.get((topic, address), -1):
                 self._stored[(topic, address)] = head
+                self._addresses.setdefault(topic, set()).add(address)
 
     def ask(self, topics: set[str]) -> None:
         """Ask every store again for the heads of `topics` (answers update the tables)."""
@@ -139,15 +144,15 @@ class Observer(Node):
     def heads(self, topic: str) -> dict[str, int]:
         """address -> highest head known (stored or published) of every partition."""
         with self._cond:
-            out = {a: h for (t, a), h in self._stored.items() if t == topic}
-            for (t, a), h in self._published.items():
-                if t == topic and h > out.get(a, -1):
-                    out[a] = h
+            out: dict[str, int] = {}
+            for address in self._addresses.get(topic, ()):
+                key = (topic, address)
+                out[address] = max(self._stored.get(key, -1), self._published.get(key, -1))
             return out
 
     def topics(self) -> set[str]:
         with self._cond:
-            return {t for t, _ in self._stored} | {t for t, _ in self._published}
+            return set(self._addresses)
 
     # -- actor --------------------------------------------------------------------------
 
@@ -253,6 +258,7 @@ class Observer(Node):
                             moved.append((msg.subject, msg.address, seq))
                 if seq > table.get(key, -1):
                     table[key] = seq
+                    self._addresses.setdefault(msg.subject, set()).add(msg.address)
                     moved.append((msg.subject, msg.address, seq))
         if answered:
             with self._cond:

@@ -23,6 +23,7 @@ import hashlib
 import itertools
 import math
 import time
+import uuid
 import zlib
 from collections.abc import Callable
 
@@ -47,9 +48,16 @@ def own_address(topic: str, number: int) -> str:
     return f"{RAFKA_MARK}{topic_digest(topic)}{number:08X}"
 
 
+def publisher_address() -> str:
+    """A new address for the node that writes a gateway's partitions (its beacon's):
+    marked as a gateway's, so that the other gateways' writers do not connect to it."""
+    return RAFKA_MARK + uuid.uuid4().hex.upper()[:24]
+
+
 def is_own_address(address: str) -> bool:
-    """A gateway partition's address (any gateway's): such a partition writer publishes
-    records and heads, and never sends another producer an ACK or a FETCH."""
+    """A gateway partition's address, or the address of a gateway's node that writes them
+    (any gateway's): such a node publishes records and heads, and never sends another
+    producer an ACK or a FETCH."""
     return len(address) == 32 and address.startswith(RAFKA_MARK)
 
 

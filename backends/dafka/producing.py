@@ -1,25 +1,32 @@
 """The gateway's producing side on Dafka: one partition writer per (topic, number), shared
 by every session, with per-session durability accounting for DUMP.
 
-A writer is a Dafka producer with the partition's stable address (`partitions.py`) that
-starts at the stores' head + 1, so a restarted gateway never reuses an offset. Creating
-one takes a thread hop (the actor waits for the tower), so records produced meanwhile wait
-in the writer, in order, and are counted as outstanding like every other record.
+A writer is a partition with the partition's stable address (`partitions.py`) that starts
+at the stores' head + 1, so a restarted gateway never reuses an offset. All of a gateway's
+writers are partitions of one `publisher.Publisher` (`WriterNode`): one thread, one data
+socket and one beacon however many partitions it writes, where a Dafka producer per
+partition cost a thread, four sockets and their connections, and a beacon that the tower
+sent to every node (N² messages per interval). Opening a writer takes a thread hop (asking
+the stores for its head; the first one also waits for the tower), so records produced
+meanwhile wait in the writer, in order, and are counted as outstanding like every other
+record.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import structlog
 
 from backends.base import ProduceError, Producer, QueueFullError, Stats
+from backends.dafka.config import Config
 from backends.dafka.envelope import MAGIC, wrap
-from backends.dafka.partitions import is_own_address, own_address
-from backends.dafka.producer import Producer as DafkaProducer
+from backends.dafka.partitions import is_own_address, own_address, publisher_address
+from backends.dafka.publisher import Partition, Publisher
 
 if TYPE_CHECKING:
     from backends.dafka.engine_view import ProducingEngine as DafkaEngine
@@ -31,6 +38,41 @@ INTERNAL_PREFIX = "__rafka"
 INVALID_TOPIC = "Broker: Invalid topic"
 STOPPED = "Engine stopped"
 ASK_INTERVAL = 0.02  # seconds between two questions to the stores during a DUMP (acks: all)
+
+
+class WriterNode:
+    """The `Publisher` every partition writer of a gateway is a partition of: made by the
+    first writer that needs it, made again by the next one after it failed (its writers
+    fail with it; the engine replaces a failed writer at its next record)."""
+
+    def __init__(self, config: Callable[[], Config]) -> None:
+        self._config = config
+        self._lock = threading.Lock()
+        self._publisher: Publisher | None = None
+        self._closed = False
+
+    def get(self) -> Publisher:
+        """Blocking (the first call waits for the tower); any thread."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the gateway's Dafka writers are closed")
+            publisher = self._publisher
+            if publisher is None or not publisher.usable:
+                if publisher is not None:
+                    publisher.close(0)
+                # Marked as a gateway's: the other gateways' writers do not connect to it.
+                publisher = self._publisher = Publisher(
+                    self._config(), address=publisher_address(), ignore_peers=is_own_address
+                )
+            return publisher
+
+    def close(self, timeout: float) -> int:
+        """Blocking: wait up to `timeout` for ACKs, stop; the records left unacknowledged.
+        Hand the writers' pending records over first (`publish_pending()`)."""
+        with self._lock:
+            self._closed = True
+            publisher, self._publisher = self._publisher, None
+        return 0 if publisher is None else publisher.close(timeout)
 
 
 class PartitionWriter:
@@ -45,7 +87,7 @@ class PartitionWriter:
         self.internal = topic.startswith(INTERNAL_PREFIX)
         self._engine = engine
         self._loop = asyncio.get_running_loop()
-        self._producer: DafkaProducer | None = None
+        self._producer: Partition | None = None
         self._first_sequence = 0
         self._waiting: list[bytes] = []  # produced before the actor existed
         # Submitted during this pass of the event loop: handed to the actor once, at the
@@ -109,7 +151,7 @@ class PartitionWriter:
                 self._engine.stats.incr(Stats.DELIVERY_ERRORS, len(pending))
             self._engine.progress()
 
-    def _open(self) -> DafkaProducer:
+    def _open(self) -> Partition:
         engine = self._engine
         head = engine.observer.stored_head(self.topic, self.address)
         published = engine.observer.heads(self.topic).get(self.address, -1)
@@ -125,14 +167,8 @@ class PartitionWriter:
                 published=published,
             )
         self._first_sequence = head + 1
-        return DafkaProducer(
-            engine.dafka_config,
-            self.topic,
-            address=self.address,
-            first_sequence=head + 1,
-            on_ack=self._on_ack_thread,
-            # The other writers (ours and other gateways'): O(N) connections, not O(N²).
-            ignore_peers=is_own_address,
+        return engine.publisher().open(
+            self.topic, address=self.address, first_sequence=head + 1, on_ack=self._on_ack_thread
         )
 
     def _on_ack_thread(self, last_acked: int) -> None:
@@ -154,14 +190,6 @@ class PartitionWriter:
                 self._engine.stats.incr(Stats.DELIVERED, acked - self.acked)
             self.acked = acked
             self._engine.progress()
-
-    def close(self, timeout: float) -> int:
-        """Blocking: flush up to `timeout` and stop the actor; returns records left.
-        Call publish_pending() on the loop first."""
-        producer, self._producer = self._producer, None
-        if producer is None:
-            return len(self._waiting)
-        return producer.close(timeout)
 
 
 class ProducerHandle(Producer):

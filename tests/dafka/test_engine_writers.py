@@ -1,0 +1,90 @@
+"""The engine's partition writers, all partitions of one producer actor (`WriterNode`,
+`publisher.Publisher`): records of many topics through it, DUMP, a restart resuming each
+partition, and a replacement actor when the shared one is gone. A real store and tower
+(`store` fixture) in this process, over 127.0.0.1 TCP."""
+
+from __future__ import annotations
+
+import threading
+
+from backends.dafka.config import Config
+from backends.dafka.store import Store
+from tests.dafka.test_engine import WAIT, engine_on, run, take
+
+TOPICS = 300
+
+
+def test_many_topics_share_one_actor_and_every_record_is_read_back(
+    dafka_config: Config, store: Store
+) -> None:
+    async def body() -> None:
+        async with engine_on(dafka_config, partitions=1) as engine:
+            producer = engine.producer("s1")
+            producer.produce("warm-up", None, b"w")
+            assert await producer.flush(WAIT) == 0
+            threads = threading.active_count()
+            topics = [f"many-{i:03d}" for i in range(TOPICS)]
+            for topic in topics:
+                producer.produce_many(topic, None, [f"{topic}:0".encode(), f"{topic}:1".encode()])
+            assert await producer.flush(WAIT) == 0, "DUMP over 300 partitions of one actor"
+            assert engine.publisher().partition_count() == TOPICS + 1
+            # Opening writers runs on asyncio's default executor (at most min(32, cores
+            # + 4) threads); no thread per partition.
+            assert threading.active_count() - threads <= 32
+            member = await engine.consumer("g", "c", topics, {})
+            records = await take(member, 2 * TOPICS)
+            got = {(r.topic, r.offset): r.value for r in records}
+            assert got == {(t, n): f"{t}:{n}".encode() for t in topics for n in (0, 1)}
+            await member.close()
+
+    run(body())
+
+
+def test_writers_resume_after_a_restart_on_one_new_actor(
+    dafka_config: Config, store: Store
+) -> None:
+    async def body() -> None:
+        for run_number in range(2):
+            async with engine_on(dafka_config, partitions=1) as engine:
+                producer = engine.producer("s")
+                for topic in ("r-a", "r-b", "r-c"):
+                    producer.produce(topic, None, f"{topic}:{run_number}".encode())
+                assert await producer.flush(WAIT) == 0
+        async with engine_on(dafka_config, partitions=1) as engine:
+            member = await engine.consumer("g", "c", ["r-a", "r-b", "r-c"], {})
+            records = await take(member, 6)
+            got = {(r.topic, r.offset): r.value for r in records}
+            # A restarted gateway resumes each partition after what the stores hold.
+            assert got == {
+                (t, n): f"{t}:{n}".encode() for t in ("r-a", "r-b", "r-c") for n in (0, 1)
+            }
+            await member.close()
+
+    run(body())
+
+
+def test_a_new_actor_takes_over_when_the_shared_one_is_gone(
+    dafka_config: Config, store: Store
+) -> None:
+    """The actor's thread dying of a bug cannot be provoked from outside: closing it
+    behind the engine's back stands for that (its partitions refuse records the same way)."""
+
+    async def body() -> None:
+        async with engine_on(dafka_config, partitions=1) as engine:
+            producer = engine.producer("s1")
+            producer.produce_many("t", None, [b"kept"])
+            assert await producer.flush(WAIT) == 0
+            gone = engine.publisher()
+            gone.close(0)
+            producer.produce("t", None, b"refused")  # handed to the actor at the end of the pass
+            assert await producer.flush(WAIT) == 1, "a record the dead actor never sent"
+            # The failed writer is replaced at the next record, on a new actor.
+            producer.produce("t", None, b"after")
+            assert await producer.flush(WAIT) == 1, "only the refused record is missing"
+            assert engine.publisher() is not gone
+            member = await engine.consumer("g", "c", ["t"], {})
+            records = await take(member, 2)
+            assert [(r.offset, r.value) for r in records] == [(0, b"kept"), (1, b"after")]
+            await member.close()
+
+    run(body())
