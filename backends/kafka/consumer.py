@@ -21,6 +21,10 @@ the event loop without a thread hop; it goes to the worker only when the buffer 
 or stale. So librdkafka is still called only while a `next()` waits for it (or a
 cancelled one finishes its slice): rebalances happen inside a BLPOP, never between a
 BLPOP and the client's ack, as with Rafka's one-poll-per-BLPOP.
+
+A fetched batch stays one list in the buffer (a segment): `take_ready()` hands out a
+slice of it, and `records_of()` builds it from librdkafka's messages column by column,
+so that neither runs Python code per record on the common path.
 """
 
 from __future__ import annotations
@@ -32,7 +36,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from itertools import repeat
+from operator import is_not, itemgetter
+from typing import Any, cast
 
 import structlog
 from confluent_kafka import (
@@ -90,9 +96,14 @@ class KafkaConsumer(Consumer):
         self._batch = batch
         self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"rafka-consumer-{label}")
         self._rd: RdConsumer | None = None
-        # Fetched, not yet handed out, in fetch order (so in order per partition). The
-        # worker appends and purges (rebalance callbacks), the loop pops: hence the lock.
-        self._buffer: collections.deque[Record | _Failure] = collections.deque()
+        # Fetched, not yet handed out, in fetch order (so in order per partition): runs
+        # of records (segments, never empty) and failures at their place. The first
+        # `_head` records of the first segment are handed out already; `_count` is what
+        # is left (records and failures). The worker appends and purges (rebalance
+        # callbacks), the loop takes: hence the lock.
+        self._buffer: collections.deque[list[Record] | _Failure] = collections.deque()
+        self._head = 0
+        self._count = 0
         self._lock = threading.Lock()
         self._fetched_at = 0.0  # time.monotonic() of the last fetch (written by the worker)
         # Partitions assigned to this member: written on the worker thread (rebalance
@@ -152,7 +163,7 @@ class KafkaConsumer(Consumer):
     def buffered(self) -> int:
         """Records (and errors) fetched but not handed out yet."""
         with self._lock:
-            return len(self._buffer)
+            return self._count
 
     async def next(self, timeout: float | None) -> Record | None:
         if self._closing:
@@ -198,15 +209,23 @@ class KafkaConsumer(Consumer):
         with self._lock:
             buffer = self._buffer
             while buffer and taken < limit:
-                item = buffer[0]
-                if isinstance(item, _Failure):
+                segment = buffer[0]
+                if isinstance(segment, _Failure):
                     if not records:
-                        failure = item
+                        failure = segment
                         buffer.popleft()
+                        self._count -= 1
                     break
-                buffer.popleft()
-                records.append(item)
-                taken += 1
+                head = self._head
+                end = min(len(segment), head + limit - taken)
+                records += segment[head:end]
+                taken += end - head
+                if end == len(segment):
+                    buffer.popleft()
+                    self._head = 0
+                else:
+                    self._head = end
+            self._count -= taken
         if failure is not None:
             raise ConsumeError(failure.text)
         if taken:
@@ -215,7 +234,19 @@ class KafkaConsumer(Consumer):
 
     def _take(self) -> Record | _Failure | None:
         with self._lock:
-            return self._buffer.popleft() if self._buffer else None
+            if not self._buffer:
+                return None
+            segment = self._buffer[0]
+            self._count -= 1
+            if isinstance(segment, _Failure):
+                self._buffer.popleft()
+                return segment
+            record = segment[self._head]
+            self._head += 1
+            if self._head == len(segment):
+                self._buffer.popleft()
+                self._head = 0
+            return record
 
     def _hand_out(self, item: Record | _Failure) -> Record:
         if isinstance(item, _Failure):
@@ -257,23 +288,47 @@ class KafkaConsumer(Consumer):
         except KafkaException as exc:  # after what was already taken, which is kept
             failure = _Failure(error_text(exc))
         self._fetched_at = time.monotonic()
-        items: list[Record | _Failure] = []
+        segments: list[list[Record] | _Failure] = []
+        records = records_of(messages, self._owned) if messages else []
+        if records is not None:
+            if records:
+                segments.append(records)
+        else:  # one by one: errors, records of revoked partitions, no timestamps
+            segments = self._segments(messages)
+        if failure is not None:
+            segments.append(failure)
+        if segments:
+            with self._lock:
+                self._buffer.extend(segments)
+                self._count += sum(
+                    1 if isinstance(segment, _Failure) else len(segment) for segment in segments
+                )
+
+    def _segments(self, messages: list[Message]) -> list[list[Record] | _Failure]:
+        """Worker: `messages` as runs of records and failures at their place, message by
+        message (what records_of() does not do)."""
+        segments: list[list[Record] | _Failure] = []
+        run: list[Record] = []
         foreign = 0
         for message in messages:
             item = self._item(message)
-            if isinstance(item, Record) and (item.topic, item.partition) not in self._owned:
-                # Taken by the same consume() call that revoked its partition: the new
-                # owner gets it from the committed offset, and an ack here would fail.
-                foreign += 1
+            if isinstance(item, Record):
+                if (item.topic, item.partition) in self._owned:
+                    run.append(item)
+                else:
+                    # Taken by the same consume() call that revoked its partition: the new
+                    # owner gets it from the committed offset, and an ack here would fail.
+                    foreign += 1
             elif item is not None:
-                items.append(item)
-        if failure is not None:
-            items.append(failure)
+                if run:
+                    segments.append(run)
+                    run = []
+                segments.append(item)
+        if run:
+            segments.append(run)
         if foreign:
             self._log.info("records of revoked partitions dropped", records=foreign)
-        if items:
-            with self._lock:
-                self._buffer.extend(items)
+        return segments
 
     def _item(self, message: Message) -> Record | _Failure | None:
         error = message.error()
@@ -307,14 +362,24 @@ class KafkaConsumer(Consumer):
         gone = {(p.topic, p.partition) for p in partitions}
         with self._lock:
             self._owned -= gone
-            kept = [
-                item
-                for item in self._buffer
-                if isinstance(item, _Failure) or (item.topic, item.partition) not in gone
-            ]
-            dropped = len(self._buffer) - len(kept)
+            kept: list[list[Record] | _Failure] = []
+            for index, segment in enumerate(self._buffer):
+                if isinstance(segment, _Failure):
+                    kept.append(segment)
+                    continue
+                run = [
+                    record
+                    for record in segment[self._head if index == 0 else 0 :]
+                    if (record.topic, record.partition) not in gone
+                ]
+                if run:
+                    kept.append(run)
+            left = sum(1 if isinstance(segment, _Failure) else len(segment) for segment in kept)
+            dropped = self._count - left
             self._buffer.clear()
             self._buffer.extend(kept)
+            self._head = 0
+            self._count = left
         self._log.info(
             f"partitions {how}",
             partitions=sorted(f"{topic}:{partition}" for topic, partition in gone),
@@ -410,11 +475,49 @@ class KafkaConsumer(Consumer):
         except Exception as exc:
             self._log.warning("Error closing", error=str(exc))
         with self._lock:
-            left = len(self._buffer)
+            left = self._count
             self._buffer.clear()
+            self._head = self._count = 0
         if left:  # never handed out, so never acked: the group delivers them again
             self._log.info("records returned to the group", records=left)
         self._log.info("Bye")
+
+
+_KIND, _STAMP = itemgetter(0), itemgetter(1)  # of confluent-kafka's (kind, stamp)
+assert TIMESTAMP_NOT_AVAILABLE == 0, "records_of() tests the kind's truth"
+
+
+def records_of(messages: list[Message], owned: set[Partition]) -> list[Record] | None:
+    """`messages` as records, built column by column (confluent-kafka's accessors mapped
+    over the list, the records made by `tuple.__new__` over the zipped columns: no Python
+    code runs per message). None, to convert them one by one, unless every message is a
+    record (no error) of a partition in `owned` with a timestamp."""
+    count = len(messages)
+    # `is not`, never `==`: a KafkaError compared with None raises.
+    if any(map(is_not, map(Message.error, messages), repeat(None))):
+        return None
+    topics = list(map(Message.topic, messages))
+    partitions = list(map(Message.partition, messages))
+    names = set(topics)
+    if len(names) == 1:  # the common case: no pair built per message
+        (name,) = names
+        if not {(name, partition) for partition in set(partitions)} <= owned:
+            return None
+    elif not set(zip(topics, partitions, strict=True)) <= owned:
+        return None
+    stamps = list(map(Message.timestamp, messages))
+    if not all(map(_KIND, stamps)):  # TIMESTAMP_NOT_AVAILABLE is 0
+        return None
+    columns = zip(
+        topics,
+        partitions,
+        map(Message.offset, messages),
+        map(Message.key, messages),
+        map(Message.value, messages),
+        map(_STAMP, stamps),
+        strict=True,
+    )
+    return cast(list[Record], list(map(tuple.__new__, repeat(Record, count), columns)))
 
 
 def record_of(message: Message) -> Record:

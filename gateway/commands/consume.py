@@ -6,7 +6,8 @@ import asyncio
 import json
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from itertools import chain
 
 import structlog
 
@@ -104,11 +105,45 @@ _RECORD_HEAD = (
 )
 
 
+# A value that is not null, in RESP.
+_VALUE = b"$%d\r\n%b\r\n"
+
+
 def batch_reply(key: bytes, records: Sequence[Record], protocol: int) -> Reply:
     """BLMPOP's reply: Redis's `[key, [element, ...]]`, each element a BLPOP record
-    (record_reply's bytes), encoded in one pass: the per-record cost of a batch."""
+    (record_reply's bytes). The records are taken apart into columns and formatted by one
+    `bytes %` over the whole batch: no Python code runs per record (the per-record cost
+    of a batch), unless a value is null."""
+    head = b"*2\r\n$%d\r\n%b\r\n*%d\r\n" % (len(key), key, len(records))
+    if not records:
+        return Encoded(head)
+    topics, partitions, offsets, _, values, _ = zip(*records, strict=True)
+    if None in values:
+        return Encoded(head + _records_one_by_one(records, protocol))
+    names = set(topics)
+    if len(names) == 1:  # the topic written into the format, once: four fields a record
+        name = topics[0].encode()
+        record = _RECORD_HEAD.replace(
+            b"$%d\r\n%b\r\n", b"$%d\r\n%b\r\n" % (len(name), name.replace(b"%", b"%%")), 1
+        )
+        fields: Iterable[tuple[object, ...]] = zip(
+            partitions, offsets, map(len, values), values, strict=True
+        )
+    else:
+        record = _RECORD_HEAD
+        each = {topic: topic.encode() for topic in names}
+        encoded = list(map(each.__getitem__, topics))
+        fields = zip(
+            map(len, encoded), encoded, partitions, offsets, map(len, values), values, strict=True
+        )
+    body = (record + _VALUE) * len(records) % tuple(chain.from_iterable(fields))
+    return Encoded(head + body)
+
+
+def _records_one_by_one(records: Sequence[Record], protocol: int) -> bytes:
+    """batch_reply's records, record by record: the shape with null values too."""
     null = b"_\r\n" if protocol >= 3 else b"$-1\r\n"
-    parts = [b"*2\r\n$%d\r\n%b\r\n*%d\r\n" % (len(key), key, len(records))]
+    parts: list[bytes] = []
     append, head = parts.append, _RECORD_HEAD
     topics: dict[str, bytes] = {}
     for record in records:
@@ -118,7 +153,7 @@ def batch_reply(key: bytes, records: Sequence[Record], protocol: int) -> Reply:
         append(head % (len(topic), topic, record.partition, record.offset))
         value = record.value
         append(null if value is None else b"$%d\r\n%b\r\n" % (len(value), value))
-    return Encoded(b"".join(parts))
+    return b"".join(parts)
 
 
 def blpop(session: Session, args: list[bytes]) -> Answer:

@@ -212,14 +212,31 @@ def test_blpop_without_acks_goes_on_past_consume_batch(
 
 
 @pytest.mark.parametrize("protocol", [2, 3])
-def test_a_batch_is_encoded_as_the_list_of_blpop_records_would_be(protocol: int) -> None:
+@pytest.mark.parametrize(
+    "records",
+    [
+        # Several topics, a null value, an empty one, a key: the record-by-record path.
+        [
+            Record("orders", 3, 41, None, b"x" * 100),
+            Record("orders", 3, 42, b"k", None),
+            Record("caf\u00e9", 0, 0, None, b""),
+        ],
+        # Several topics, no null: the columns path with the topic a field of each record.
+        [
+            Record("a", 0, 7, None, b"1"),
+            Record("b.b", 1, 2**40, None, b"\r\n%d%b"),
+            Record("a", 0, 8, None, b""),
+        ],
+        # One topic, written into the format once: a `%` in its name must stay a `%`.
+        [Record("100%_%d", p, o, None, b"v%d" % o, 5) for o in range(3) for p in range(2)],
+    ],
+    ids=["null-values", "topics", "one-topic"],
+)
+def test_a_batch_is_encoded_as_the_list_of_blpop_records_would_be(
+    protocol: int, records: list[Record]
+) -> None:
     """BLMPOP encodes its records in one pass: the bytes are those of the generic encoder
-    for [key, [record, ...]], null values and several topics included."""
-    records = [
-        Record("orders", 3, 41, None, b"x" * 100),
-        Record("orders", 3, 42, b"k", None),
-        Record("caf\u00e9", 0, 0, None, b""),
-    ]
+    for [key, [record, ...]], whichever path the batch takes."""
     key = b'topics:orders,caf\xc3\xa9:{"a":1}'
     expected = encode([key, [record_reply(record) for record in records]], protocol)
     assert encode(batch_reply(key, records, protocol), protocol) == expected
