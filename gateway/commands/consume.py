@@ -107,6 +107,8 @@ _RECORD_HEAD = (
 
 # A value that is not null, in RESP.
 _VALUE = b"$%d\r\n%b\r\n"
+# BLMPOP's reply up to its records: [key, [...]].
+_BATCH_HEAD = b"*2\r\n$%d\r\n%b\r\n*%d\r\n"
 
 
 def batch_reply(key: bytes, records: Sequence[Record], protocol: int) -> Reply:
@@ -114,12 +116,12 @@ def batch_reply(key: bytes, records: Sequence[Record], protocol: int) -> Reply:
     (record_reply's bytes). The records are taken apart into columns and formatted by one
     `bytes %` over the whole batch: no Python code runs per record (the per-record cost
     of a batch), unless a value is null."""
-    head = b"*2\r\n$%d\r\n%b\r\n*%d\r\n" % (len(key), key, len(records))
+    head = (len(key), key, len(records))
     if not records:
-        return Encoded(head)
+        return Encoded(_BATCH_HEAD % head)
     topics, partitions, offsets, _, values, _ = zip(*records, strict=True)
     if None in values:
-        return Encoded(head + _records_one_by_one(records, protocol))
+        return Encoded(_BATCH_HEAD % head + _records_one_by_one(records, protocol))
     names = set(topics)
     if len(names) == 1:  # the topic written into the format, once: four fields a record
         name = topics[0].encode()
@@ -136,8 +138,9 @@ def batch_reply(key: bytes, records: Sequence[Record], protocol: int) -> Reply:
         fields = zip(
             map(len, encoded), encoded, partitions, offsets, map(len, values), values, strict=True
         )
-    body = (record + _VALUE) * len(records) % tuple(chain.from_iterable(fields))
-    return Encoded(head + body)
+    # The whole reply in one formatting, so in one buffer, never copied on its way out.
+    template = _BATCH_HEAD + (record + _VALUE) * len(records)
+    return Encoded(template % tuple(chain(head, chain.from_iterable(fields))))
 
 
 def _records_one_by_one(records: Sequence[Record], protocol: int) -> bytes:
