@@ -22,9 +22,10 @@ or stale. So librdkafka is still called only while a `next()` waits for it (or a
 cancelled one finishes its slice): rebalances happen inside a BLPOP, never between a
 BLPOP and the client's ack, as with Rafka's one-poll-per-BLPOP.
 
-A fetched batch stays one list in the buffer (a segment): `take_ready()` hands out a
-slice of it, and `records_of()` builds it from librdkafka's messages column by column,
-so that neither runs Python code per record on the common path.
+A fetched batch stays one RecordBatch (columns) in the buffer, a segment: `records_of()`
+builds it from librdkafka's messages column by column, `take_ready()` and
+`next_batch()` hand out a slice of it, and the gateway encodes from its columns: no
+Python code and no object per record on the common path.
 """
 
 from __future__ import annotations
@@ -50,7 +51,15 @@ from confluent_kafka import (
 )
 from confluent_kafka import Consumer as RdConsumer
 
-from backends.base import AckError, ConsumeError, Consumer, ConsumerCreationError, Record, Stats
+from backends.base import (
+    AckError,
+    ConsumeError,
+    Consumer,
+    ConsumerCreationError,
+    Record,
+    RecordBatch,
+    Stats,
+)
 from backends.kafka.texts import creation_error_text, error_text
 from backends.settings import redacted
 
@@ -101,7 +110,7 @@ class KafkaConsumer(Consumer):
         # `_head` records of the first segment are handed out already; `_count` is what
         # is left (records and failures). The worker appends and purges (rebalance
         # callbacks), the loop takes: hence the lock.
-        self._buffer: collections.deque[list[Record] | _Failure] = collections.deque()
+        self._buffer: collections.deque[RecordBatch | _Failure] = collections.deque()
         self._head = 0
         self._count = 0
         self._lock = threading.Lock()
@@ -172,6 +181,23 @@ class KafkaConsumer(Consumer):
             item = self._take()
             if item is not None:
                 return self._hand_out(item)  # the fast path: no thread hop
+        if not await self._fetched(timeout):
+            return None
+        item = self._take()
+        return None if item is None else self._hand_out(item)
+
+    async def next_batch(self, limit: int, timeout: float | None) -> Sequence[Record]:
+        """As the engine interface's, taking the batch at once after the fetch (the
+        default takes one record, then the rest)."""
+        ready = self.take_ready(limit)
+        if ready or self._closing:
+            return ready
+        if not await self._fetched(timeout):
+            return []
+        return self._take_batch(limit)
+
+    async def _fetched(self, timeout: float | None) -> bool:
+        """Wait for the worker to fill the buffer (or the timeout); False when closing."""
         deadline = None if timeout is None else time.monotonic() + max(timeout, 0.0)
         abandon = threading.Event()
         job = self._executor.submit(self._fill, deadline, abandon)
@@ -181,10 +207,8 @@ class KafkaConsumer(Consumer):
             # The fetch in flight lands in the buffer: the next call hands it out.
             abandon.set()
             raise
-        if self._closing:
-            return None  # what was fetched goes back to the group with the close
-        item = self._take()
-        return None if item is None else self._hand_out(item)
+        # Closing: what was fetched goes back to the group with the close.
+        return not self._closing
 
     def next_ready(self) -> Record | None:
         if self._closing or time.monotonic() - self._fetched_at >= REFRESH:
@@ -192,35 +216,33 @@ class KafkaConsumer(Consumer):
         item = self._take()
         return None if item is None else self._hand_out(item)
 
-    def take_ready(self, limit: int) -> list[Record]:
+    def take_ready(self, limit: int) -> Sequence[Record]:
         if self._closing or time.monotonic() - self._fetched_at >= REFRESH:
             return []  # a stale buffer first serves pending rebalances (next())
-        return self._take_many(limit, [])
+        return self._take_batch(limit)
 
-    def _gather(self, records: list[Record], limit: int) -> list[Record]:
-        return self._take_many(limit - len(records), records)
-
-    def _take_many(self, limit: int, records: list[Record]) -> list[Record]:
-        """Up to `limit` buffered records after `records`, under one lock. A failure is
-        raised only when it comes before any record; otherwise it stays first in the
-        buffer, for the next call."""
+    def _take_batch(self, limit: int) -> Sequence[Record]:
+        """Up to `limit` buffered records, under one lock: a slice of the first segment
+        when it holds them (no object per record). A failure is raised only when it
+        comes first; otherwise it stays first in the buffer, for the next call."""
         failure: _Failure | None = None
+        pieces: list[RecordBatch] = []
         taken = 0
         with self._lock:
             buffer = self._buffer
             while buffer and taken < limit:
                 segment = buffer[0]
                 if isinstance(segment, _Failure):
-                    if not records:
+                    if not taken:
                         failure = segment
                         buffer.popleft()
                         self._count -= 1
                     break
-                head = self._head
-                end = min(len(segment), head + limit - taken)
-                records += segment[head:end]
+                head, size = self._head, len(segment)
+                end = min(size, head + limit - taken)
+                pieces.append(segment if head == 0 and end == size else segment[head:end])
                 taken += end - head
-                if end == len(segment):
+                if end == size:
                     buffer.popleft()
                     self._head = 0
                 else:
@@ -228,9 +250,10 @@ class KafkaConsumer(Consumer):
             self._count -= taken
         if failure is not None:
             raise ConsumeError(failure.text)
-        if taken:
-            self._stats.incr(Stats.CONSUMED, taken)
-        return records
+        if not taken:
+            return []
+        self._stats.incr(Stats.CONSUMED, taken)
+        return pieces[0] if len(pieces) == 1 else RecordBatch.joined(pieces)
 
     def _take(self) -> Record | _Failure | None:
         with self._lock:
@@ -288,12 +311,11 @@ class KafkaConsumer(Consumer):
         except KafkaException as exc:  # after what was already taken, which is kept
             failure = _Failure(error_text(exc))
         self._fetched_at = time.monotonic()
-        segments: list[list[Record] | _Failure] = []
-        records = records_of(messages, self._owned) if messages else []
+        segments: list[RecordBatch | _Failure] = []
+        records = records_of(messages, self._owned) if messages else None
         if records is not None:
-            if records:
-                segments.append(records)
-        else:  # one by one: errors, records of revoked partitions, no timestamps
+            segments.append(records)
+        elif messages:  # one by one: errors, records of revoked partitions, no timestamps
             segments = self._segments(messages)
         if failure is not None:
             segments.append(failure)
@@ -304,10 +326,10 @@ class KafkaConsumer(Consumer):
                     1 if isinstance(segment, _Failure) else len(segment) for segment in segments
                 )
 
-    def _segments(self, messages: list[Message]) -> list[list[Record] | _Failure]:
+    def _segments(self, messages: list[Message]) -> list[RecordBatch | _Failure]:
         """Worker: `messages` as runs of records and failures at their place, message by
         message (what records_of() does not do)."""
-        segments: list[list[Record] | _Failure] = []
+        segments: list[RecordBatch | _Failure] = []
         run: list[Record] = []
         foreign = 0
         for message in messages:
@@ -321,11 +343,11 @@ class KafkaConsumer(Consumer):
                     foreign += 1
             elif item is not None:
                 if run:
-                    segments.append(run)
+                    segments.append(RecordBatch.of(run))
                     run = []
                 segments.append(item)
         if run:
-            segments.append(run)
+            segments.append(RecordBatch.of(run))
         if foreign:
             self._log.info("records of revoked partitions dropped", records=foreign)
         return segments
@@ -362,7 +384,7 @@ class KafkaConsumer(Consumer):
         gone = {(p.topic, p.partition) for p in partitions}
         with self._lock:
             self._owned -= gone
-            kept: list[list[Record] | _Failure] = []
+            kept: list[RecordBatch | _Failure] = []
             for index, segment in enumerate(self._buffer):
                 if isinstance(segment, _Failure):
                     kept.append(segment)
@@ -373,7 +395,7 @@ class KafkaConsumer(Consumer):
                     if (record.topic, record.partition) not in gone
                 ]
                 if run:
-                    kept.append(run)
+                    kept.append(RecordBatch.of(run))
             left = sum(1 if isinstance(segment, _Failure) else len(segment) for segment in kept)
             dropped = self._count - left
             self._buffer.clear()
@@ -487,12 +509,11 @@ _KIND, _STAMP = itemgetter(0), itemgetter(1)  # of confluent-kafka's (kind, stam
 assert TIMESTAMP_NOT_AVAILABLE == 0, "records_of() tests the kind's truth"
 
 
-def records_of(messages: list[Message], owned: set[Partition]) -> list[Record] | None:
-    """`messages` as records, built column by column (confluent-kafka's accessors mapped
-    over the list, the records made by `tuple.__new__` over the zipped columns: no Python
-    code runs per message). None, to convert them one by one, unless every message is a
-    record (no error) of a partition in `owned` with a timestamp."""
-    count = len(messages)
+def records_of(messages: list[Message], owned: set[Partition]) -> RecordBatch | None:
+    """`messages` (not empty) as a batch of records, built column by column:
+    confluent-kafka's accessors mapped over the list, no Python code and no object per
+    message. None, to convert them one by one, unless every message is a record (no
+    error) of a partition in `owned` with a timestamp."""
     # `is not`, never `==`: a KafkaError compared with None raises.
     if any(map(is_not, map(Message.error, messages), repeat(None))):
         return None
@@ -508,16 +529,14 @@ def records_of(messages: list[Message], owned: set[Partition]) -> list[Record] |
     stamps = list(map(Message.timestamp, messages))
     if not all(map(_KIND, stamps)):  # TIMESTAMP_NOT_AVAILABLE is 0
         return None
-    columns = zip(
-        topics,
-        partitions,
-        map(Message.offset, messages),
-        map(Message.key, messages),
-        map(Message.value, messages),
-        map(_STAMP, stamps),
-        strict=True,
+    return RecordBatch(
+        cast(list[str], topics),
+        cast(list[int], partitions),
+        cast(list[int], list(map(Message.offset, messages))),
+        list(map(Message.key, messages)),
+        cast(list[bytes | None], list(map(Message.value, messages))),
+        list(map(_STAMP, stamps)),
     )
-    return cast(list[Record], list(map(tuple.__new__, repeat(Record, count), columns)))
 
 
 def record_of(message: Message) -> Record:

@@ -8,10 +8,11 @@ import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import chain
+from typing import cast
 
 import structlog
 
-from backends.base import AckError, ConsumeError, Consumer, EngineError, Record
+from backends.base import AckError, ConsumeError, Consumer, EngineError, Record, RecordBatch
 from backends.settings import JsonNumber, json_decoder
 from gateway import errors
 from gateway.commands.base import Answer, Reply, arg, text
@@ -119,9 +120,12 @@ def batch_reply(key: bytes, records: Sequence[Record], protocol: int) -> Reply:
     head = (len(key), key, len(records))
     if not records:
         return Encoded(_BATCH_HEAD % head)
-    topics, partitions, offsets, _, values, _ = zip(*records, strict=True)
-    if None in values:
+    # An engine's RecordBatch is columns already: nothing is built per record.
+    columns = RecordBatch.of(records)
+    topics, partitions, offsets = columns.topics, columns.partitions, columns.offsets
+    if None in columns.values:
         return Encoded(_BATCH_HEAD % head + _records_one_by_one(records, protocol))
+    values = cast(list[bytes], columns.values)
     names = set(topics)
     if len(names) == 1:  # the topic written into the format, once: four fields a record
         name = topics[0].encode()
@@ -301,7 +305,7 @@ async def _next(
     stop = session.ctx.shutdown_started
     if stop.done():
         raise errors.server_shutdown()
-    wait: asyncio.Future[Record | None] | asyncio.Future[list[Record]]
+    wait: asyncio.Future[Record | None] | asyncio.Future[Sequence[Record]]
     if count is None:
         wait = asyncio.ensure_future(consumer.next(timeout))
     else:
@@ -328,9 +332,9 @@ async def _next(
         stop.remove_done_callback(stop_waiting)
     if not got:
         return NULL_ARRAY
-    if isinstance(got, list):
-        return batch_reply(key, got, session.protocol)
-    return record_reply(got)
+    if isinstance(got, Record):
+        return record_reply(got)
+    return batch_reply(key, got, session.protocol)
 
 
 # --- RPUSH acks ----------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from backends.base import Record
+from backends.base import Record, RecordBatch
 from gateway.commands.consume import batch_reply, record_reply
 from gateway.resp import encode
 from gateway.runner import ServerThread
@@ -290,4 +290,8 @@ def test_a_batch_is_encoded_as_the_list_of_blpop_records_would_be(
     key = b'topics:orders,caf\xc3\xa9:{"a":1}'
     expected = encode([key, [record_reply(record) for record in records]], protocol)
     assert encode(batch_reply(key, records, protocol), protocol) == expected
+    # As an engine hands them out in columns (the Kafka engine), a slice of them too.
+    assert encode(batch_reply(key, RecordBatch.of(records), protocol), protocol) == expected
+    columns = RecordBatch.of(records + records)[len(records) :]
+    assert encode(batch_reply(key, columns, protocol), protocol) == expected
     assert encode(batch_reply(key, [], protocol), protocol) == encode([key, []], protocol)
