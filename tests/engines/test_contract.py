@@ -396,7 +396,7 @@ async def consume_batches(consumer: Consumer, count: int, limit: int) -> list[li
             got = sum(map(len, batches))
             pytest.fail(f"expected {count} records in batches within {WAIT}s, got {got}")
         assert 1 <= len(batch) <= limit, f"a batch of {len(batch)} for a limit of {limit}"
-        batches.append(batch)
+        batches.append(list(batch))  # a list of Records or a RecordBatch: read alike
     return batches
 
 
