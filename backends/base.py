@@ -61,7 +61,8 @@ class RecordBatch(Sequence[Record]):
     hand out from `take_ready()` / `next_batch()` instead of a list of Records, so that
     neither it nor the gateway (which encodes BLMPOP's reply from the columns) builds an
     object per record. Indexing and iterating give Records (a slice, a RecordBatch); it
-    equals any sequence of the same records."""
+    equals any sequence of the same records. `timestamps` may be any sequence (an engine
+    may read them only when asked: the gateway's BLMPOP never does)."""
 
     __slots__ = ("keys", "offsets", "partitions", "timestamps", "topics", "values")
 
@@ -72,7 +73,7 @@ class RecordBatch(Sequence[Record]):
         offsets: list[int],
         keys: list[bytes | None],
         values: list[bytes | None],
-        timestamps: list[int | None],
+        timestamps: Sequence[int | None],
     ) -> None:
         self.topics = topics
         self.partitions = partitions

@@ -38,8 +38,8 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import repeat
-from operator import is_not, itemgetter
-from typing import Any, cast
+from operator import is_not
+from typing import Any, cast, overload
 
 import structlog
 from confluent_kafka import (
@@ -315,7 +315,7 @@ class KafkaConsumer(Consumer):
         records = records_of(messages, self._owned) if messages else None
         if records is not None:
             segments.append(records)
-        elif messages:  # one by one: errors, records of revoked partitions, no timestamps
+        elif messages:  # one by one: errors, records of revoked partitions
             segments = self._segments(messages)
         if failure is not None:
             segments.append(failure)
@@ -505,29 +505,47 @@ class KafkaConsumer(Consumer):
         self._log.info("Bye")
 
 
-_KIND, _STAMP = itemgetter(0), itemgetter(1)  # of confluent-kafka's (kind, stamp)
-assert TIMESTAMP_NOT_AVAILABLE == 0, "records_of() tests the kind's truth"
+class _Stamps(Sequence[int | None]):
+    """The timestamps of a batch of messages, read from them only when asked for
+    (BLMPOP never does; confluent-kafka builds a tuple per timestamp() call)."""
+
+    __slots__ = ("_messages",)
+
+    def __init__(self, messages: list[Message]) -> None:
+        self._messages = messages
+
+    def __len__(self) -> int:
+        return len(self._messages)
+
+    @overload
+    def __getitem__(self, index: int) -> int | None: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> _Stamps: ...
+
+    def __getitem__(self, index: int | slice) -> int | _Stamps | None:
+        if isinstance(index, slice):
+            return _Stamps(self._messages[index])
+        kind, stamp = self._messages[index].timestamp()
+        return None if kind == TIMESTAMP_NOT_AVAILABLE else stamp
 
 
 def records_of(messages: list[Message], owned: set[Partition]) -> RecordBatch | None:
     """`messages` (not empty) as a batch of records, built column by column:
     confluent-kafka's accessors mapped over the list, no Python code and no object per
     message. None, to convert them one by one, unless every message is a record (no
-    error) of a partition in `owned` with a timestamp."""
+    error) of a partition in `owned`."""
     # `is not`, never `==`: a KafkaError compared with None raises.
     if any(map(is_not, map(Message.error, messages), repeat(None))):
         return None
     topics = list(map(Message.topic, messages))
     partitions = list(map(Message.partition, messages))
-    names = set(topics)
-    if len(names) == 1:  # the common case: no pair built per message
-        (name,) = names
-        if not {(name, partition) for partition in set(partitions)} <= owned:
+    first = topics[0]
+    # The common case, one topic: count() compares strings, set() would hash each one.
+    if topics.count(first) == len(topics):
+        if not {(first, partition) for partition in set(partitions)} <= owned:
             return None
     elif not set(zip(topics, partitions, strict=True)) <= owned:
-        return None
-    stamps = list(map(Message.timestamp, messages))
-    if not all(map(_KIND, stamps)):  # TIMESTAMP_NOT_AVAILABLE is 0
         return None
     return RecordBatch(
         cast(list[str], topics),
@@ -535,7 +553,7 @@ def records_of(messages: list[Message], owned: set[Partition]) -> RecordBatch | 
         cast(list[int], list(map(Message.offset, messages))),
         list(map(Message.key, messages)),
         cast(list[bytes | None], list(map(Message.value, messages))),
-        list(map(_STAMP, stamps)),
+        _Stamps(messages),
     )
 
 
