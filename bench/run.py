@@ -22,10 +22,11 @@ Kafka engine (on a Tansu broker):
    same Tansu broker: the cost of the gateway on the Kafka path. Consuming is measured
    fairly: every row (direct consumer, BLPOP, BLMPOP) reads the same `--records` records
    of one topic filled beforehand, each with its own group, the join and first record
-   untimed for all, and each reads every record's partition, offset and value (the
-   direct consumer checks its error too) and checks that every record came once. A
-   direct consumer that drained a few thousand records already prefetched, touching none,
-   measured librdkafka's queue, not a consumer. BLMPOP is measured with redis-py and with
+   untimed for all (then `--settle` seconds of prefetch for all before the clock
+   starts), and each reads every record's partition, offset and value (the
+   direct consumer checks its error too) and checks that every record came once. (The
+   direct consumer used to drain 3,000 records touching none, against 50,000 through
+   the gateway: two different things.) BLMPOP is measured with redis-py and with
    commands encoded in advance and replies parsed by hiredis: redis-py's per-call cost
    is the client library's, not the gateway's, and the pre-encoded row shows the two apart.
    `--kafka-consume-only` skips the RESP front and produce rows.
@@ -298,8 +299,12 @@ def kafka_bench(args: argparse.Namespace, problems: Problems) -> None:
 #
 # Every consume row reads the same topic, filled before any of them starts, each with a
 # group of its own, so each starts from the same state: every record stored on the broker,
-# none consumed. The group join and the first record are not timed for any of them (the
-# gateway's librdkafka and the direct consumer's prefetch alike from the join on). Each
+# none consumed. The group join and the first record are not timed for any of them, and
+# each then waits --settle seconds before its clock starts: the gateway's librdkafka and
+# the direct consumer's prefetch alike (from the same broker, with the same settings)
+# before timing, so that the rows compare the consumers, not how fast Tansu answered
+# fetches at that moment (a direct consumer timed from its first record ran from 100k to
+# 1M records/s on the loaded machine, waiting on fetches). Each
 # consumer does what a real one does with every record: the direct one checks its error
 # and reads its partition, offset and value; the gateway's clients read them from the
 # reply. Every row then checks it got every record exactly once.
@@ -331,7 +336,7 @@ def check_positions(what: str, got: Sequence[Position], records: int, problems: 
 
 
 def direct_consume(
-    bootstrap: str, topic: str, group: str, records: int
+    bootstrap: str, topic: str, group: str, records: int, settle: float
 ) -> tuple[float, list[Position]]:
     """Records/s of a confluent-kafka consumer configured as the gateway's (consume() in
     batches of up to 1000), after its first record; each record's error checked and its
@@ -356,6 +361,7 @@ def direct_consume(
         first = consumer.poll(1.0)
         if first is not None:
             take([first])
+    time.sleep(settle)
     start = time.perf_counter()
     while len(got) < records:
         # consume() waits its whole timeout for a full batch: never ask past the last record.
@@ -367,7 +373,7 @@ def direct_consume(
 
 
 def gateway_consume(
-    port: int, topic: str, group: str, records: int
+    port: int, topic: str, group: str, records: int, settle: float
 ) -> tuple[float, list[Position]]:
     """Records/s of redis-py BLPOP, one record per call, after the first record."""
     client = redis.Redis(port=port, client_name=f"{group}:bench")
@@ -376,6 +382,7 @@ def gateway_consume(
     first: Any = client.blpop([key], timeout=30)  # the group join, not timed
     assert first is not None, "gateway consumer got nothing"
     got.append((as_int(first[3]), as_int(first[5])))
+    time.sleep(settle)
     start = time.perf_counter()
     while len(got) < records:
         reply: Any = client.blpop([key], timeout=30)
@@ -395,7 +402,7 @@ def batch_positions(reply: Any, got: list[Position]) -> None:
 
 
 def gateway_consume_batch(
-    port: int, topic: str, group: str, records: int, count: int
+    port: int, topic: str, group: str, records: int, count: int, settle: float
 ) -> tuple[float, list[Position]]:
     """Records/s of redis-py BLMPOP ... COUNT `count`, after the first record."""
     client = redis.Redis(port=port, client_name=f"{group}:bench")
@@ -404,6 +411,7 @@ def gateway_consume_batch(
     first = client.blmpop(30, 1, key, direction="LEFT", count=1)  # the join, not timed
     assert first is not None, "gateway consumer got nothing"
     batch_positions(first, got)
+    time.sleep(settle)
     start = time.perf_counter()
     while len(got) < records:
         reply = client.blmpop(30, 1, key, direction="LEFT", count=min(count, records - len(got)))
@@ -415,7 +423,7 @@ def gateway_consume_batch(
 
 
 def raw_consume_batch(
-    port: int, topic: str, group: str, records: int, count: int
+    port: int, topic: str, group: str, records: int, count: int, settle: float
 ) -> tuple[float, list[Position]]:
     """gateway_consume_batch without redis-py: BLMPOP encoded before the clock starts,
     replies parsed by hiredis. The gap to the redis-py row is the client library's."""
@@ -424,6 +432,7 @@ def raw_consume_batch(
     got: list[Position] = []
     batch_positions(client.call(b"BLMPOP", b"30", b"1", key, b"LEFT", b"COUNT", b"1"), got)
     full = encode(b"BLMPOP", b"30", b"1", key, b"LEFT", b"COUNT", count)
+    time.sleep(settle)
     start = time.perf_counter()
     while len(got) < records:
         left = records - len(got)
@@ -443,13 +452,13 @@ def kafka_consume(
 ) -> None:
     """The consume rows: `--records` records per row and run, all read from one topic
     filled beforehand (see the comment above fill_topic)."""
-    records, count = args.records, args.blmpop_count
+    records, count, settle = args.records, args.blmpop_count, args.settle
     print(f"Kafka consume: records/s over the same {records:,} stored records per row")
     rows: dict[str, Callable[[str, str], tuple[float, list[Position]]]] = {
-        "direct": lambda topic, group: direct_consume(broker.bootstrap, topic, group, records),
-        "blpop": lambda topic, group: gateway_consume(port, topic, group, records),
-        "blmpop": lambda topic, group: gateway_consume_batch(port, topic, group, records, count),
-        "raw": lambda topic, group: raw_consume_batch(port, topic, group, records, count),
+        "direct": lambda t, g: direct_consume(broker.bootstrap, t, g, records, settle),
+        "blpop": lambda t, g: gateway_consume(port, t, g, records, settle),
+        "blmpop": lambda t, g: gateway_consume_batch(port, t, g, records, count, settle),
+        "raw": lambda t, g: raw_consume_batch(port, t, g, records, count, settle),
     }
     rates: dict[str, list[float]] = {what: [] for what in rows}
     for run in range(args.runs):
@@ -1052,6 +1061,13 @@ def main() -> int:
     )
     parser.add_argument(
         "--kafka-consume-only", action="store_true", help="Kafka: only the consume rows"
+    )
+    parser.add_argument(
+        "--settle",
+        type=float,
+        default=1.0,
+        help="Kafka consume rows: seconds each consumer waits after its first record, "
+        "before its clock starts (prefetch, for every row alike)",
     )
     parser.add_argument("--blpop-pipeline", type=int, default=200, help="BLPOPs per pipeline")
     parser.add_argument("--blmpop-count", type=int, default=500, help="BLMPOP's COUNT")
