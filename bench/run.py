@@ -470,6 +470,8 @@ def kafka_consume(
             rate, got = rows[what](topic, f"{what}{run}")
             rates[what].append(rate)
             check_positions(f"Kafka consume, {what}", got, records, problems)
+        figures = ", ".join(f"{what} {rates[what][-1]:,.0f}" for what in order)
+        print(f"  run {run + 1}: {figures}", flush=True)
     direct, blpop, blmpop, raw = (rates[what] for what in rows)
     name = "direct consumer"
     row("  consume, BLPOP one record per call", blpop, direct, name)
