@@ -29,7 +29,8 @@ Kafka engine (on a Tansu broker):
    the gateway: two different things.) BLMPOP is measured with redis-py and with
    commands encoded in advance and replies parsed by hiredis: redis-py's per-call cost
    is the client library's, not the gateway's, and the pre-encoded row shows the two apart.
-   `--kafka-consume-only` skips the RESP front and produce rows.
+   `--kafka-consume-only` skips the RESP front and produce rows. The same comparison
+   in instructions per record, steady from run to run: bench/consume_instructions.py.
 
 Every figure is the median of --runs runs (default 3), the reference's too. Prints figures
 and ratios; never passes or fails anything. Usage: `make bench` (`make bench
