@@ -19,7 +19,18 @@ Kafka engine (on a Tansu broker):
 4. redis-benchmark RPUSHX (50 clients, without and with -P 16) against the rafka gateway
    and against a redis-server: the cost of the RESP front.
 5. Produce and consume through the gateway against a direct confluent-kafka client on the
-   same Tansu broker: the cost of the gateway on the Kafka path.
+   same Tansu broker: the cost of the gateway on the Kafka path. Consuming is measured
+   fairly: every row (direct consumer, BLPOP, BLMPOP) reads the same `--records` records
+   of one topic filled beforehand, each with its own group, the join and first record
+   untimed for all (then `--settle` seconds of prefetch for all before the clock
+   starts), and each reads every record's partition, offset and value (the
+   direct consumer checks its error too) and checks that every record came once. (The
+   direct consumer used to drain 3,000 records touching none, against 50,000 through
+   the gateway: two different things.) BLMPOP is measured with redis-py and with
+   commands encoded in advance and replies parsed by hiredis: redis-py's per-call cost
+   is the client library's, not the gateway's, and the pre-encoded row shows the two apart.
+   `--kafka-consume-only` skips the RESP front and produce rows. The same comparison
+   in instructions per record, steady from run to run: bench/consume_instructions.py.
 
 Every figure is the median of --runs runs (default 3), the reference's too. Prints figures
 and ratios; never passes or fails anything. Usage: `make bench` (`make bench
@@ -45,13 +56,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import hiredis
 import redis
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer, KafkaError, Producer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -165,18 +176,6 @@ def direct_produce(bootstrap: str, topic: str, records: int) -> float:
     return records / elapsed
 
 
-def gateway_consume(port: int, topic: str, records: int) -> float:
-    client = redis.Redis(port=port, client_name=f"bench:{topic}")
-    first = client.blpop([f"topics:{topic}"], timeout=30)  # group join not timed
-    assert first is not None, "gateway consumer got nothing"
-    start = time.perf_counter()
-    for _ in range(records - 1):
-        assert client.blpop([f"topics:{topic}"], timeout=30) is not None
-    elapsed = time.perf_counter() - start
-    client.close()
-    return (records - 1) / elapsed
-
-
 def rss_kb(pid: int) -> int:
     """A process's resident set size, KB (Linux /proc)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -212,38 +211,6 @@ def idle_connections(port: int, pid: int, count: int) -> tuple[float, int]:
     return asyncio.run(run())
 
 
-def gateway_consume_batch(port: int, topic: str, records: int, count: int) -> float:
-    """Records/s of BLMPOP ... COUNT `count` until `records` came (the join not timed)."""
-    client = redis.Redis(port=port, client_name=f"bench:{topic}-batch")
-    key = f"topics:{topic}"
-    first = client.blmpop(30, 1, key, direction="LEFT", count=1)
-    assert first is not None, "gateway consumer got nothing"
-    got = 0
-    start = time.perf_counter()
-    while got < records - 1:
-        reply = client.blmpop(30, 1, key, direction="LEFT", count=min(count, records - 1 - got))
-        assert reply is not None, f"BLMPOP waited 30 s for nothing after {got} records"
-        got += len(reply[1])
-    elapsed = time.perf_counter() - start
-    client.close()
-    return got / elapsed
-
-
-def direct_consume(bootstrap: str, topic: str, records: int) -> float:
-    consumer = Consumer({**gateway_properties(bootstrap).consumer, "group.id": f"direct-{topic}"})
-    consumer.subscribe([topic])
-    first = None
-    while first is None:
-        first = consumer.poll(1.0)
-    start = time.perf_counter()
-    got = 1
-    while got < records:
-        got += len(consumer.consume(num_messages=1000, timeout=1.0))
-    elapsed = time.perf_counter() - start
-    consumer.close()
-    return (records - 1) / elapsed
-
-
 def wait_delivered(port: int, timeout: float = 120) -> None:
     """Wait until the gateway's producer has delivered everything produced so far.
 
@@ -263,7 +230,7 @@ def wait_delivered(port: int, timeout: float = 120) -> None:
     client.close()
 
 
-def kafka_bench(args: argparse.Namespace) -> None:
+def kafka_bench(args: argparse.Namespace, problems: Problems) -> None:
     runs = args.runs
     with TansuBroker() as broker, tempfile.TemporaryDirectory() as scratch:
         gateway = RafkaProcess(write_config(Path(scratch) / "librdkafka.json", broker.bootstrap))
@@ -292,6 +259,9 @@ def kafka_bench(args: argparse.Namespace) -> None:
                 f"{SIZE} bytes; medians of {runs} runs\n",
                 flush=True,
             )
+            if args.kafka_consume_only:
+                kafka_consume(args, broker, gateway.port, problems)
+                return
             # Without a pipeline the gateway does a few thousand requests/s: a quarter of
             # the records keeps the run short and is still 500 requests per client.
             print("RESP front: redis-benchmark RPUSHX, 50 clients")
@@ -309,8 +279,7 @@ def kafka_bench(args: argparse.Namespace) -> None:
                 row(f"  gateway -P {pipeline}", ours, reference, "redis-server")
 
             print("\nKafka path: records/s, gateway vs direct confluent-kafka")
-            direct, piped, multi, consumed, consumed_direct = [], [], [], [], []
-            batched = []
+            direct, piped, multi = [], [], []
             for _ in range(runs):
                 topic_a = broker.create_topic(4)
                 topic_b = broker.create_topic(4)
@@ -318,30 +287,197 @@ def kafka_bench(args: argparse.Namespace) -> None:
                 direct.append(direct_produce(broker.bootstrap, topic_b, args.records))
                 piped.append(gateway_produce(gateway.port, topic_a, args.records, 1000))
                 multi.append(gateway_produce_multi(gateway.port, topic_c, args.records, 100))
-                consumed_direct.append(
-                    direct_consume(broker.bootstrap, topic_b, args.consume_records)
-                )
-                consumed.append(gateway_consume(gateway.port, topic_a, args.consume_records))
-                batched.append(
-                    gateway_consume_batch(gateway.port, topic_c, args.records, args.blmpop_count)
-                )
             row("  produce, pipelined RPUSHX (1000/batch)", piped, direct, "direct producer")
             row("  produce, RPUSHX with 100 values", multi, direct, "direct producer")
-            row(
-                "  consume, BLPOP one record per call",
-                consumed,
-                consumed_direct,
-                "direct consumer",
-            )
-            row(
-                f"  consume, BLMPOP COUNT {args.blmpop_count}",
-                batched,
-                consumed_direct,
-                "direct consumer",
-            )
+            print()
+            kafka_consume(args, broker, gateway.port, problems)
         finally:
             redis_server.stop()
             gateway.terminate()
+
+
+# --- Kafka engine: consume -------------------------------------------------------------------
+#
+# Every consume row reads the same topic, filled before any of them starts, each with a
+# group of its own, so each starts from the same state: every record stored on the broker,
+# none consumed. The group join and the first record are not timed for any of them, and
+# each then waits --settle seconds before its clock starts: the gateway's librdkafka and
+# the direct consumer's prefetch alike (from the same broker, with the same settings)
+# before timing, so that the rows compare the consumers, not how fast Tansu answered
+# fetches at that moment (a direct consumer timed from its first record ran from 100k to
+# 1M records/s on the loaded machine, waiting on fetches). Each
+# consumer does what a real one does with every record: the direct one checks its error
+# and reads its partition, offset and value; the gateway's clients read them from the
+# reply. Every row then checks it got every record exactly once.
+
+# A record as a consume row keeps it: (partition, offset).
+Position = tuple[int, int]
+
+
+def fill_topic(bootstrap: str, topic: str, records: int) -> None:
+    """`records` numbered records into `topic`, all delivered, before any consume row."""
+    producer = Producer(dict(gateway_properties(bootstrap).producer))
+    for i in range(records):
+        while True:
+            try:
+                producer.produce(topic, numbered(i))
+                break
+            except BufferError:
+                producer.poll(0.01)
+        producer.poll(0)
+    assert producer.flush(120) == 0, f"records of {topic} not delivered"
+
+
+def check_positions(what: str, got: Sequence[Position], records: int, problems: Problems) -> None:
+    """Every one of `records` came, and none twice."""
+    if len(got) != records or len(set(got)) != records:
+        problems.add(
+            f"{what}: {len(got):,} records, {len(set(got)):,} distinct, for {records:,} stored"
+        )
+
+
+def direct_consume(
+    bootstrap: str, topic: str, group: str, records: int, settle: float
+) -> tuple[float, list[Position]]:
+    """Records/s of a confluent-kafka consumer configured as the gateway's (consume() in
+    batches of up to 1000), after its first record; each record's error checked and its
+    partition, offset and value read."""
+    consumer = Consumer({**gateway_properties(bootstrap).consumer, "group.id": group})
+    consumer.subscribe([topic])
+    got: list[Position] = []
+    size = 0
+
+    def take(messages: list[Any]) -> None:
+        nonlocal size
+        for message in messages:
+            error = message.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    continue
+                raise RuntimeError(f"direct consumer: {error.str()}")
+            size += len(message.value())
+            got.append((message.partition(), message.offset()))
+
+    while not got:  # the group join, not timed
+        first = consumer.poll(1.0)
+        if first is not None:
+            take([first])
+    time.sleep(settle)
+    start = time.perf_counter()
+    while len(got) < records:
+        # consume() waits its whole timeout for a full batch: never ask past the last record.
+        take(consumer.consume(num_messages=min(1000, records - len(got)), timeout=1.0))
+    elapsed = time.perf_counter() - start
+    consumer.close()
+    assert size >= len(got) * SIZE, "records shorter than produced"
+    return (len(got) - 1) / elapsed, got
+
+
+def gateway_consume(
+    port: int, topic: str, group: str, records: int, settle: float
+) -> tuple[float, list[Position]]:
+    """Records/s of redis-py BLPOP, one record per call, after the first record."""
+    client = redis.Redis(port=port, client_name=f"{group}:bench")
+    key = f"topics:{topic}"
+    got: list[Position] = []
+    first: Any = client.blpop([key], timeout=30)  # the group join, not timed
+    assert first is not None, "gateway consumer got nothing"
+    got.append((as_int(first[3]), as_int(first[5])))
+    time.sleep(settle)
+    start = time.perf_counter()
+    while len(got) < records:
+        reply: Any = client.blpop([key], timeout=30)
+        assert reply is not None, f"BLPOP waited 30 s for nothing after {len(got)} records"
+        got.append((as_int(reply[3]), as_int(reply[5])))
+    elapsed = time.perf_counter() - start
+    client.close()
+    return (len(got) - 1) / elapsed, got
+
+
+def batch_positions(reply: Any, got: list[Position]) -> None:
+    """The records of a BLMPOP reply `[key, [[topic, t, partition, p, offset, o, value, v],
+    ...]]` onto `got`, each checked as a consumer would read it."""
+    for record in reply[1]:
+        assert len(record[7]) == SIZE, record
+        got.append((record[3], record[5]))
+
+
+def gateway_consume_batch(
+    port: int, topic: str, group: str, records: int, count: int, settle: float
+) -> tuple[float, list[Position]]:
+    """Records/s of redis-py BLMPOP ... COUNT `count`, after the first record."""
+    client = redis.Redis(port=port, client_name=f"{group}:bench")
+    key = f"topics:{topic}"
+    got: list[Position] = []
+    first = client.blmpop(30, 1, key, direction="LEFT", count=1)  # the join, not timed
+    assert first is not None, "gateway consumer got nothing"
+    batch_positions(first, got)
+    time.sleep(settle)
+    start = time.perf_counter()
+    while len(got) < records:
+        reply = client.blmpop(30, 1, key, direction="LEFT", count=min(count, records - len(got)))
+        assert reply is not None, f"BLMPOP waited 30 s for nothing after {len(got)} records"
+        batch_positions(reply, got)
+    elapsed = time.perf_counter() - start
+    client.close()
+    return (len(got) - 1) / elapsed, got
+
+
+def raw_consume_batch(
+    port: int, topic: str, group: str, records: int, count: int, settle: float
+) -> tuple[float, list[Position]]:
+    """gateway_consume_batch without redis-py: BLMPOP encoded before the clock starts,
+    replies parsed by hiredis. The gap to the redis-py row is the client library's."""
+    key = f"topics:{topic}".encode()
+    client = RawClient(port, f"{group}:bench")
+    got: list[Position] = []
+    batch_positions(client.call(b"BLMPOP", b"30", b"1", key, b"LEFT", b"COUNT", b"1"), got)
+    full = encode(b"BLMPOP", b"30", b"1", key, b"LEFT", b"COUNT", count)
+    time.sleep(settle)
+    start = time.perf_counter()
+    while len(got) < records:
+        left = records - len(got)
+        client.send(
+            full if left >= count else encode(b"BLMPOP", 30, 1, key, b"LEFT", b"COUNT", left)
+        )
+        (reply,) = client.replies(1)
+        assert reply is not None, f"BLMPOP waited 30 s for nothing after {len(got)} records"
+        batch_positions(reply, got)
+    elapsed = time.perf_counter() - start
+    client.close()
+    return (len(got) - 1) / elapsed, got
+
+
+def kafka_consume(
+    args: argparse.Namespace, broker: TansuBroker, port: int, problems: Problems
+) -> None:
+    """The consume rows: `--records` records per row and run, all read from one topic
+    filled beforehand (see the comment above fill_topic)."""
+    records, count, settle = args.records, args.blmpop_count, args.settle
+    print(f"Kafka consume: records/s over the same {records:,} stored records per row")
+    rows: dict[str, Callable[[str, str], tuple[float, list[Position]]]] = {
+        "direct": lambda t, g: direct_consume(broker.bootstrap, t, g, records, settle),
+        "blpop": lambda t, g: gateway_consume(port, t, g, records, settle),
+        "blmpop": lambda t, g: gateway_consume_batch(port, t, g, records, count, settle),
+        "raw": lambda t, g: raw_consume_batch(port, t, g, records, count, settle),
+    }
+    rates: dict[str, list[float]] = {what: [] for what in rows}
+    for run in range(args.runs):
+        topic = broker.create_topic(4)
+        fill_topic(broker.bootstrap, topic, records)
+        # Each run starts with another row: none is always the first to read the topic.
+        order = list(rows)[run % len(rows) :] + list(rows)[: run % len(rows)]
+        for what in order:
+            rate, got = rows[what](topic, f"{what}{run}")
+            rates[what].append(rate)
+            check_positions(f"Kafka consume, {what}", got, records, problems)
+        figures = ", ".join(f"{what} {rates[what][-1]:,.0f}" for what in order)
+        print(f"  run {run + 1}: {figures}", flush=True)
+    direct, blpop, blmpop, raw = (rates[what] for what in rows)
+    name = "direct consumer"
+    row("  consume, BLPOP one record per call", blpop, direct, name)
+    row(f"  consume, BLMPOP COUNT {count} (redis-py)", blmpop, direct, name)
+    row(f"  consume, BLMPOP COUNT {count} (pre-encoded)", raw, direct, name)
 
 
 # --- Dafka engine ---------------------------------------------------------------------------
@@ -921,7 +1057,20 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3, help="runs per figure (the median)")
     parser.add_argument("--records", type=int, default=100_000, help="records per produce run")
     parser.add_argument(
-        "--consume-records", type=int, default=10_000, help="records per BLPOP-per-call run"
+        "--consume-records",
+        type=int,
+        default=10_000,
+        help="Dafka: records per BLPOP-per-call run (Kafka consume rows all read --records)",
+    )
+    parser.add_argument(
+        "--kafka-consume-only", action="store_true", help="Kafka: only the consume rows"
+    )
+    parser.add_argument(
+        "--settle",
+        type=float,
+        default=1.0,
+        help="Kafka consume rows: seconds each consumer waits after its first record, "
+        "before its clock starts (prefetch, for every row alike)",
     )
     parser.add_argument("--blpop-pipeline", type=int, default=200, help="BLPOPs per pipeline")
     parser.add_argument("--blmpop-count", type=int, default=500, help="BLMPOP's COUNT")
@@ -945,7 +1094,7 @@ def main() -> int:
     if args.engine in ("dafka", "both"):
         dafka_bench(args, problems)
     if args.engine in ("kafka", "both"):
-        kafka_bench(args)
+        kafka_bench(args, problems)
     if problems.found:
         print(f"\n{len(problems.found)} problems with records consumed through the gateway:")
         for text in problems.found:

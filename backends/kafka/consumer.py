@@ -21,6 +21,11 @@ the event loop without a thread hop; it goes to the worker only when the buffer 
 or stale. So librdkafka is still called only while a `next()` waits for it (or a
 cancelled one finishes its slice): rebalances happen inside a BLPOP, never between a
 BLPOP and the client's ack, as with Rafka's one-poll-per-BLPOP.
+
+A fetched batch stays one RecordBatch (columns) in the buffer, a segment: `records_of()`
+builds it from librdkafka's messages column by column, `take_ready()` and
+`next_batch()` hand out a slice of it, and the gateway encodes from its columns: no
+Python code and no object per record on the common path.
 """
 
 from __future__ import annotations
@@ -32,7 +37,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from itertools import repeat
+from operator import is_not
+from typing import Any, cast, overload
 
 import structlog
 from confluent_kafka import (
@@ -44,7 +51,15 @@ from confluent_kafka import (
 )
 from confluent_kafka import Consumer as RdConsumer
 
-from backends.base import AckError, ConsumeError, Consumer, ConsumerCreationError, Record, Stats
+from backends.base import (
+    AckError,
+    ConsumeError,
+    Consumer,
+    ConsumerCreationError,
+    Record,
+    RecordBatch,
+    Stats,
+)
 from backends.kafka.texts import creation_error_text, error_text
 from backends.settings import redacted
 
@@ -90,9 +105,14 @@ class KafkaConsumer(Consumer):
         self._batch = batch
         self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"rafka-consumer-{label}")
         self._rd: RdConsumer | None = None
-        # Fetched, not yet handed out, in fetch order (so in order per partition). The
-        # worker appends and purges (rebalance callbacks), the loop pops: hence the lock.
-        self._buffer: collections.deque[Record | _Failure] = collections.deque()
+        # Fetched, not yet handed out, in fetch order (so in order per partition): runs
+        # of records (segments, never empty) and failures at their place. The first
+        # `_head` records of the first segment are handed out already; `_count` is what
+        # is left (records and failures). The worker appends and purges (rebalance
+        # callbacks), the loop takes: hence the lock.
+        self._buffer: collections.deque[RecordBatch | _Failure] = collections.deque()
+        self._head = 0
+        self._count = 0
         self._lock = threading.Lock()
         self._fetched_at = 0.0  # time.monotonic() of the last fetch (written by the worker)
         # Partitions assigned to this member: written on the worker thread (rebalance
@@ -152,7 +172,7 @@ class KafkaConsumer(Consumer):
     def buffered(self) -> int:
         """Records (and errors) fetched but not handed out yet."""
         with self._lock:
-            return len(self._buffer)
+            return self._count
 
     async def next(self, timeout: float | None) -> Record | None:
         if self._closing:
@@ -161,6 +181,23 @@ class KafkaConsumer(Consumer):
             item = self._take()
             if item is not None:
                 return self._hand_out(item)  # the fast path: no thread hop
+        if not await self._fetched(timeout):
+            return None
+        item = self._take()
+        return None if item is None else self._hand_out(item)
+
+    async def next_batch(self, limit: int, timeout: float | None) -> Sequence[Record]:
+        """As the engine interface's, taking the batch at once after the fetch (the
+        default takes one record, then the rest)."""
+        ready = self.take_ready(limit)
+        if ready or self._closing:
+            return ready
+        if not await self._fetched(timeout):
+            return []
+        return self._take_batch(limit)
+
+    async def _fetched(self, timeout: float | None) -> bool:
+        """Wait for the worker to fill the buffer (or the timeout); False when closing."""
         deadline = None if timeout is None else time.monotonic() + max(timeout, 0.0)
         abandon = threading.Event()
         job = self._executor.submit(self._fill, deadline, abandon)
@@ -170,10 +207,8 @@ class KafkaConsumer(Consumer):
             # The fetch in flight lands in the buffer: the next call hands it out.
             abandon.set()
             raise
-        if self._closing:
-            return None  # what was fetched goes back to the group with the close
-        item = self._take()
-        return None if item is None else self._hand_out(item)
+        # Closing: what was fetched goes back to the group with the close.
+        return not self._closing
 
     def next_ready(self) -> Record | None:
         if self._closing or time.monotonic() - self._fetched_at >= REFRESH:
@@ -181,41 +216,60 @@ class KafkaConsumer(Consumer):
         item = self._take()
         return None if item is None else self._hand_out(item)
 
-    def take_ready(self, limit: int) -> list[Record]:
+    def take_ready(self, limit: int) -> Sequence[Record]:
         if self._closing or time.monotonic() - self._fetched_at >= REFRESH:
             return []  # a stale buffer first serves pending rebalances (next())
-        return self._take_many(limit, [])
+        return self._take_batch(limit)
 
-    def _gather(self, records: list[Record], limit: int) -> list[Record]:
-        return self._take_many(limit - len(records), records)
-
-    def _take_many(self, limit: int, records: list[Record]) -> list[Record]:
-        """Up to `limit` buffered records after `records`, under one lock. A failure is
-        raised only when it comes before any record; otherwise it stays first in the
-        buffer, for the next call."""
+    def _take_batch(self, limit: int) -> Sequence[Record]:
+        """Up to `limit` buffered records, under one lock: a slice of the first segment
+        when it holds them (no object per record). A failure is raised only when it
+        comes first; otherwise it stays first in the buffer, for the next call."""
         failure: _Failure | None = None
+        pieces: list[RecordBatch] = []
         taken = 0
         with self._lock:
             buffer = self._buffer
             while buffer and taken < limit:
-                item = buffer[0]
-                if isinstance(item, _Failure):
-                    if not records:
-                        failure = item
+                segment = buffer[0]
+                if isinstance(segment, _Failure):
+                    if not taken:
+                        failure = segment
                         buffer.popleft()
+                        self._count -= 1
                     break
-                buffer.popleft()
-                records.append(item)
-                taken += 1
+                head, size = self._head, len(segment)
+                end = min(size, head + limit - taken)
+                pieces.append(segment if head == 0 and end == size else segment[head:end])
+                taken += end - head
+                if end == size:
+                    buffer.popleft()
+                    self._head = 0
+                else:
+                    self._head = end
+            self._count -= taken
         if failure is not None:
             raise ConsumeError(failure.text)
-        if taken:
-            self._stats.incr(Stats.CONSUMED, taken)
-        return records
+        if not taken:
+            return []
+        self._stats.incr(Stats.CONSUMED, taken)
+        return pieces[0] if len(pieces) == 1 else RecordBatch.joined(pieces)
 
     def _take(self) -> Record | _Failure | None:
         with self._lock:
-            return self._buffer.popleft() if self._buffer else None
+            if not self._buffer:
+                return None
+            segment = self._buffer[0]
+            self._count -= 1
+            if isinstance(segment, _Failure):
+                self._buffer.popleft()
+                return segment
+            record = segment[self._head]
+            self._head += 1
+            if self._head == len(segment):
+                self._buffer.popleft()
+                self._head = 0
+            return record
 
     def _hand_out(self, item: Record | _Failure) -> Record:
         if isinstance(item, _Failure):
@@ -257,23 +311,46 @@ class KafkaConsumer(Consumer):
         except KafkaException as exc:  # after what was already taken, which is kept
             failure = _Failure(error_text(exc))
         self._fetched_at = time.monotonic()
-        items: list[Record | _Failure] = []
+        segments: list[RecordBatch | _Failure] = []
+        records = records_of(messages, self._owned) if messages else None
+        if records is not None:
+            segments.append(records)
+        elif messages:  # one by one: errors, records of revoked partitions
+            segments = self._segments(messages)
+        if failure is not None:
+            segments.append(failure)
+        if segments:
+            with self._lock:
+                self._buffer.extend(segments)
+                self._count += sum(
+                    1 if isinstance(segment, _Failure) else len(segment) for segment in segments
+                )
+
+    def _segments(self, messages: list[Message]) -> list[RecordBatch | _Failure]:
+        """Worker: `messages` as runs of records and failures at their place, message by
+        message (what records_of() does not do)."""
+        segments: list[RecordBatch | _Failure] = []
+        run: list[Record] = []
         foreign = 0
         for message in messages:
             item = self._item(message)
-            if isinstance(item, Record) and (item.topic, item.partition) not in self._owned:
-                # Taken by the same consume() call that revoked its partition: the new
-                # owner gets it from the committed offset, and an ack here would fail.
-                foreign += 1
+            if isinstance(item, Record):
+                if (item.topic, item.partition) in self._owned:
+                    run.append(item)
+                else:
+                    # Taken by the same consume() call that revoked its partition: the new
+                    # owner gets it from the committed offset, and an ack here would fail.
+                    foreign += 1
             elif item is not None:
-                items.append(item)
-        if failure is not None:
-            items.append(failure)
+                if run:
+                    segments.append(RecordBatch.of(run))
+                    run = []
+                segments.append(item)
+        if run:
+            segments.append(RecordBatch.of(run))
         if foreign:
             self._log.info("records of revoked partitions dropped", records=foreign)
-        if items:
-            with self._lock:
-                self._buffer.extend(items)
+        return segments
 
     def _item(self, message: Message) -> Record | _Failure | None:
         error = message.error()
@@ -307,14 +384,24 @@ class KafkaConsumer(Consumer):
         gone = {(p.topic, p.partition) for p in partitions}
         with self._lock:
             self._owned -= gone
-            kept = [
-                item
-                for item in self._buffer
-                if isinstance(item, _Failure) or (item.topic, item.partition) not in gone
-            ]
-            dropped = len(self._buffer) - len(kept)
+            kept: list[RecordBatch | _Failure] = []
+            for index, segment in enumerate(self._buffer):
+                if isinstance(segment, _Failure):
+                    kept.append(segment)
+                    continue
+                run = [
+                    record
+                    for record in segment[self._head if index == 0 else 0 :]
+                    if (record.topic, record.partition) not in gone
+                ]
+                if run:
+                    kept.append(RecordBatch.of(run))
+            left = sum(1 if isinstance(segment, _Failure) else len(segment) for segment in kept)
+            dropped = self._count - left
             self._buffer.clear()
             self._buffer.extend(kept)
+            self._head = 0
+            self._count = left
         self._log.info(
             f"partitions {how}",
             partitions=sorted(f"{topic}:{partition}" for topic, partition in gone),
@@ -410,11 +497,64 @@ class KafkaConsumer(Consumer):
         except Exception as exc:
             self._log.warning("Error closing", error=str(exc))
         with self._lock:
-            left = len(self._buffer)
+            left = self._count
             self._buffer.clear()
+            self._head = self._count = 0
         if left:  # never handed out, so never acked: the group delivers them again
             self._log.info("records returned to the group", records=left)
         self._log.info("Bye")
+
+
+class _Stamps(Sequence[int | None]):
+    """The timestamps of a batch of messages, read from them only when asked for
+    (BLMPOP never does; confluent-kafka builds a tuple per timestamp() call)."""
+
+    __slots__ = ("_messages",)
+
+    def __init__(self, messages: list[Message]) -> None:
+        self._messages = messages
+
+    def __len__(self) -> int:
+        return len(self._messages)
+
+    @overload
+    def __getitem__(self, index: int) -> int | None: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> _Stamps: ...
+
+    def __getitem__(self, index: int | slice) -> int | _Stamps | None:
+        if isinstance(index, slice):
+            return _Stamps(self._messages[index])
+        kind, stamp = self._messages[index].timestamp()
+        return None if kind == TIMESTAMP_NOT_AVAILABLE else stamp
+
+
+def records_of(messages: list[Message], owned: set[Partition]) -> RecordBatch | None:
+    """`messages` (not empty) as a batch of records, built column by column:
+    confluent-kafka's accessors mapped over the list, no Python code and no object per
+    message. None, to convert them one by one, unless every message is a record (no
+    error) of a partition in `owned`."""
+    # `is not`, never `==`: a KafkaError compared with None raises.
+    if any(map(is_not, map(Message.error, messages), repeat(None))):
+        return None
+    topics = list(map(Message.topic, messages))
+    partitions = list(map(Message.partition, messages))
+    first = topics[0]
+    # The common case, one topic: count() compares strings, set() would hash each one.
+    if topics.count(first) == len(topics):
+        if not {(first, partition) for partition in set(partitions)} <= owned:
+            return None
+    elif not set(zip(topics, partitions, strict=True)) <= owned:
+        return None
+    return RecordBatch(
+        cast(list[str], topics),
+        cast(list[int], partitions),
+        cast(list[int], list(map(Message.offset, messages))),
+        list(map(Message.key, messages)),
+        cast(list[bytes | None], list(map(Message.value, messages))),
+        _Stamps(messages),
+    )
 
 
 def record_of(message: Message) -> Record:

@@ -6,11 +6,13 @@ import asyncio
 import json
 import math
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from itertools import chain
+from typing import cast
 
 import structlog
 
-from backends.base import AckError, ConsumeError, Consumer, EngineError, Record
+from backends.base import AckError, ConsumeError, Consumer, EngineError, Record, RecordBatch
 from backends.settings import JsonNumber, json_decoder
 from gateway import errors
 from gateway.commands.base import Answer, Reply, arg, text
@@ -105,11 +107,51 @@ _RECORD_HEAD = (
 )
 
 
+# A value that is not null, in RESP.
+_VALUE = b"$%d\r\n%b\r\n"
+# BLMPOP's reply up to its records: [key, [...]].
+_BATCH_HEAD = b"*2\r\n$%d\r\n%b\r\n*%d\r\n"
+
+
 def batch_reply(key: bytes, records: Sequence[Record], protocol: int) -> Reply:
     """BLMPOP's reply: Redis's `[key, [element, ...]]`, each element a BLPOP record
-    (record_reply's bytes), encoded in one pass: the per-record cost of a batch."""
+    (record_reply's bytes). The records are taken apart into columns and formatted by one
+    `bytes %` over the whole batch: no Python code runs per record (the per-record cost
+    of a batch), unless a value is null."""
+    head = (len(key), key, len(records))
+    if not records:
+        return Encoded(_BATCH_HEAD % head)
+    # An engine's RecordBatch is columns already: nothing is built per record.
+    columns = RecordBatch.of(records)
+    topics, partitions, offsets = columns.topics, columns.partitions, columns.offsets
+    if None in columns.values:
+        return Encoded(_BATCH_HEAD % head + _records_one_by_one(records, protocol))
+    values = cast(list[bytes], columns.values)
+    names = set(topics)
+    if len(names) == 1:  # the topic written into the format, once: four fields a record
+        name = topics[0].encode()
+        record = _RECORD_HEAD.replace(
+            b"$%d\r\n%b\r\n", b"$%d\r\n%b\r\n" % (len(name), name.replace(b"%", b"%%")), 1
+        )
+        fields: Iterable[tuple[object, ...]] = zip(
+            partitions, offsets, map(len, values), values, strict=True
+        )
+    else:
+        record = _RECORD_HEAD
+        each = {topic: topic.encode() for topic in names}
+        encoded = list(map(each.__getitem__, topics))
+        fields = zip(
+            map(len, encoded), encoded, partitions, offsets, map(len, values), values, strict=True
+        )
+    # The whole reply in one formatting, so in one buffer, never copied on its way out.
+    template = _BATCH_HEAD + (record + _VALUE) * len(records)
+    return Encoded(template % tuple(chain(head, chain.from_iterable(fields))))
+
+
+def _records_one_by_one(records: Sequence[Record], protocol: int) -> bytes:
+    """batch_reply's records, record by record: the shape with null values too."""
     null = b"_\r\n" if protocol >= 3 else b"$-1\r\n"
-    parts = [b"*2\r\n$%d\r\n%b\r\n*%d\r\n" % (len(key), key, len(records))]
+    parts: list[bytes] = []
     append, head = parts.append, _RECORD_HEAD
     topics: dict[str, bytes] = {}
     for record in records:
@@ -119,7 +161,7 @@ def batch_reply(key: bytes, records: Sequence[Record], protocol: int) -> Reply:
         append(head % (len(topic), topic, record.partition, record.offset))
         value = record.value
         append(null if value is None else b"$%d\r\n%b\r\n" % (len(value), value))
-    return Encoded(b"".join(parts))
+    return b"".join(parts)
 
 
 def blpop(session: Session, args: list[bytes]) -> Answer:
@@ -265,7 +307,7 @@ async def _next(
     stop = session.ctx.shutdown_started
     if stop.done():
         raise errors.server_shutdown()
-    wait: asyncio.Future[Record | None] | asyncio.Future[list[Record]]
+    wait: asyncio.Future[Record | None] | asyncio.Future[Sequence[Record]]
     if count is None:
         wait = asyncio.ensure_future(consumer.next(timeout))
     else:
@@ -292,9 +334,9 @@ async def _next(
         stop.remove_done_callback(stop_waiting)
     if not got:
         return NULL_ARRAY
-    if isinstance(got, list):
-        return batch_reply(key, got, session.protocol)
-    return record_reply(got)
+    if isinstance(got, Record):
+        return record_reply(got)
+    return batch_reply(key, got, session.protocol)
 
 
 # --- RPUSH acks ----------------------------------------------------------------------------

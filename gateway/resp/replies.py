@@ -27,11 +27,16 @@ class ErrorReply:
     text: str
 
 
-class Encoded(bytes):
+@dataclass(frozen=True, slots=True)
+class Encoded:
     """A reply already in RESP, framed for the connection's protocol by the one who made
-    it (e.g. a batch of consumed records, encoded in one pass): written as it is."""
+    it (e.g. a batch of consumed records, encoded in one pass): written as it is.
 
-    __slots__ = ()
+    It holds the bytes rather than being a bytes subclass: making a subclass instance
+    copies the data, and joining a lone one into a write copies it again (bytes.join
+    hands back only an exact bytes object as it is)."""
+
+    data: bytes
 
 
 class _NullArray:
@@ -83,7 +88,7 @@ def _encode_into(reply: Any, resp3: bool, out: list[bytes]) -> None:
     elif kind is int:
         out.append(b":%d\r\n" % reply)
     elif kind is Encoded:
-        out.append(reply)
+        out.append(reply.data)
     elif kind is list or kind is tuple:
         out.append(b"*%d\r\n" % len(reply))
         for item in reply:

@@ -396,7 +396,7 @@ async def consume_batches(consumer: Consumer, count: int, limit: int) -> list[li
             got = sum(map(len, batches))
             pytest.fail(f"expected {count} records in batches within {WAIT}s, got {got}")
         assert 1 <= len(batch) <= limit, f"a batch of {len(batch)} for a limit of {limit}"
-        batches.append(batch)
+        batches.append(list(batch))  # a list of Records or a RecordBatch: read alike
     return batches
 
 
@@ -418,6 +418,9 @@ async def test_batches_keep_order_count_once_and_unacked_records_come_back(
         assert await first.next_batch(10, 0.3) == [], "a record was delivered twice"
         assert sorted(r.value or b"" for r in records) == sorted(v for _, v in keyed)
         assert engine.stats.get(Stats.CONSUMED) == len(keyed), "counted once per record"
+        for record in records:  # every field as next() hands it out (Kafka: from columns)
+            assert record.topic == topic and 0 <= record.partition < PARTITION_LIMIT, record
+            assert record.timestamp_ms is None or record.timestamp_ms > 0, record
         for key in KEYS:
             mine = [r.value for r in records if r.key == key]
             assert mine == [v for k, v in keyed if k == key], f"order of key {key!r}"

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from backends.base import Record
+from backends.base import Record, RecordBatch
 from gateway.commands.consume import batch_reply, record_reply
 from gateway.resp import encode
 from gateway.runner import ServerThread
@@ -165,6 +165,56 @@ def test_a_client_gone_mid_pipeline_gets_its_unacked_records_again(
         assert again.read_reply() is None, "nothing acked came again"
 
 
+def test_blpops_and_blmpops_interleaved_with_acks_keep_order_and_at_least_once(
+    server: ServerThread, new_topic: Callable[[int], str]
+) -> None:
+    """BLPOP takes one record and BLMPOP a slice from the same fetched batch (the Kafka
+    engine keeps a fetch as one list and hands out slices of it): pipelined together,
+    with acks between them, they hand out every record once, in order; a member that
+    takes over after a close starts right after the last ack."""
+    topic = new_topic(1)
+    values = [b"i%d" % i for i in range(45)]
+    produce(server, topic, values)
+    key = f"topics:{topic}"
+    group = f"g{secrets.token_hex(4)}"
+    raw = named(server, group, "first")
+    first = values_of(first_batch(raw, key, 1), key.encode())
+    got: list[tuple[int, bytes]] = []  # (offset, value)
+    offset = None
+    for _ in range(30):
+        if len(got) + len(first) >= 30:
+            break
+        ack = b"" if offset is None else f"RPUSH acks {topic}:0:{offset}\r\n".encode()
+        blpop = f"BLPOP {key} 5\r\n".encode()
+        blmpop = f"BLMPOP 5 1 {key} LEFT COUNT 3\r\n".encode()
+        raw.send(ack + blpop + blmpop + blpop + blmpop.replace(b"COUNT 3", b"COUNT 2"))
+        if ack:
+            assert raw.read_reply() == 1, "the ack between two pipelines"
+        for _ in range(4):
+            reply = raw.read_reply()
+            assert reply is not None, f"nothing after {len(got)} records"
+            records = reply[1] if reply[0] == key.encode() else [reply]
+            for record in records:
+                assert record[0::2] == [b"topic", b"partition", b"offset", b"value"], record
+                got.append((record[5], record[7]))
+        offset = got[-1][0]
+    taken = first + [value for _, value in got]
+    assert taken == values[: len(taken)], "each record once, in order"
+    offsets = [o for o, _ in got]
+    assert offsets == list(range(offsets[0], offsets[0] + len(offsets))), "no gap, no repeat"
+    # Ack up to the middle of the last pipeline's records, then leave.
+    acked = len(taken) - 3
+    raw.send(f"RPUSH acks {topic}:0:{got[acked - len(first) - 1][0]}\r\n".encode())
+    assert raw.read_reply() == 1
+    raw.close()
+    wait_until(lambda: f"{group}:first" not in server.server.ctx.clients, 10, "the session to end")
+    with named(server, group, "second") as again:
+        rest: list[bytes] = []
+        while len(rest) < len(values) - acked:
+            rest += values_of(first_batch(again, key, 100), key.encode())
+        assert rest == values[acked:], "from the last ack on, in order, nothing lost"
+
+
 @pytest.fixture(scope="module")
 def small_batch_server(engine_name: str, gateway_config: GatewayConfig) -> Iterator[ServerThread]:
     with running(gateway_config(engine_name, consume_batch=10)) as gateway:
@@ -212,15 +262,36 @@ def test_blpop_without_acks_goes_on_past_consume_batch(
 
 
 @pytest.mark.parametrize("protocol", [2, 3])
-def test_a_batch_is_encoded_as_the_list_of_blpop_records_would_be(protocol: int) -> None:
+@pytest.mark.parametrize(
+    "records",
+    [
+        # Several topics, a null value, an empty one, a key: the record-by-record path.
+        [
+            Record("orders", 3, 41, None, b"x" * 100),
+            Record("orders", 3, 42, b"k", None),
+            Record("caf\u00e9", 0, 0, None, b""),
+        ],
+        # Several topics, no null: the columns path with the topic a field of each record.
+        [
+            Record("a", 0, 7, None, b"1"),
+            Record("b.b", 1, 2**40, None, b"\r\n%d%b"),
+            Record("a", 0, 8, None, b""),
+        ],
+        # One topic, written into the format once: a `%` in its name must stay a `%`.
+        [Record("100%_%d", p, o, None, b"v%d" % o, 5) for o in range(3) for p in range(2)],
+    ],
+    ids=["null-values", "topics", "one-topic"],
+)
+def test_a_batch_is_encoded_as_the_list_of_blpop_records_would_be(
+    protocol: int, records: list[Record]
+) -> None:
     """BLMPOP encodes its records in one pass: the bytes are those of the generic encoder
-    for [key, [record, ...]], null values and several topics included."""
-    records = [
-        Record("orders", 3, 41, None, b"x" * 100),
-        Record("orders", 3, 42, b"k", None),
-        Record("caf\u00e9", 0, 0, None, b""),
-    ]
+    for [key, [record, ...]], whichever path the batch takes."""
     key = b'topics:orders,caf\xc3\xa9:{"a":1}'
     expected = encode([key, [record_reply(record) for record in records]], protocol)
     assert encode(batch_reply(key, records, protocol), protocol) == expected
+    # As an engine hands them out in columns (the Kafka engine), a slice of them too.
+    assert encode(batch_reply(key, RecordBatch.of(records), protocol), protocol) == expected
+    columns = RecordBatch.of(records + records)[len(records) :]
+    assert encode(batch_reply(key, columns, protocol), protocol) == expected
     assert encode(batch_reply(key, [], protocol), protocol) == encode([key, []], protocol)
