@@ -11,8 +11,12 @@ fresh broker) is started and:
 3. consume: every group reads --deliveries / groups of them (all of them at most) at
    once, each connection with --window BLPOPs in flight: records delivered per second,
    all groups together;
-4. the gateway's RSS (VmRSS of the `rafka` process; on Dafka, the embedded tower and
-   stores are processes of their own and not counted).
+4. the gateway's RSS (VmRSS of the `rafka` process, every group still joined; on Dafka,
+   the embedded tower and stores are processes of their own and not counted).
+On Kafka, each shape is then run again by a direct confluent-kafka client configured as
+the gateway's engine (bench/growth_direct.py, a process of its own on a fresh broker), and
+the gateway's figures are printed over the direct client's: a ratio that falls along the
+curve is the gateway's own cost, one that holds is the broker's and librdkafka's.
 Each figure is printed next to the 1-topic, 1-group figure of the same engine in the same
 run, with the ratio (issue 11's aim: within 20%, i.e. a ratio of 0.8 or more for the
 rates, at most 1.2 for RSS).
@@ -25,12 +29,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -144,9 +150,9 @@ async def consume(client: Client, key: bytes, count: int, window: int) -> None:
 
 
 async def shape(
-    port: int, topics: int, groups: int, records: int, deliveries: int, window: int
-) -> tuple[float, float, float]:
-    """(produce records/s, consume records/s, set-up seconds) of one shape."""
+    port: int, pid: int, topics: int, groups: int, records: int, deliveries: int, window: int
+) -> Figures:
+    """The figures of one shape; the RSS is read while every group is still joined."""
     names = topic_names(topics)
     key = ("topics:" + ",".join(names)).encode()
     started = time.perf_counter()
@@ -165,28 +171,49 @@ async def shape(
     start = time.perf_counter()
     await asyncio.gather(*(consume(c, key, each, window) for c in consumers))
     consumed = each * groups / (time.perf_counter() - start)
+    rss = float(rss_bytes(pid))
     for client in consumers:
         await client.close()
-    return produced, consumed, setup
+    return Figures(produced, consumed, rss, setup)
 
 
 @contextmanager
-def gateway(engine: str, workdir: Path, topics: int, partitions: int) -> Iterator[tuple[int, int]]:
-    """A fresh `rafka` on `engine` with `topics` topics of `partitions` partitions; (port,
-    pid). What it logged last is printed when the block fails."""
-    document: dict[str, Any] = {"gateway": {"max_clients": 1000}}
-    if engine == "dafka":
-        document["dafka"] = {"partitions": partitions}
-    broker = None
-    if engine == "kafka":
-        broker = TansuBroker()
-        broker.start()
-        document.update(kafka_document(broker.bootstrap))
-        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+def kafka_broker(topics: int, partitions: int) -> Iterator[str]:
+    """A fresh Tansu broker with `topics` topics of `partitions` partitions, all created
+    before anything is timed; its bootstrap address."""
+    broker = TansuBroker()
+    broker.start()
+    try:
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap, "log_level": 3})
         new = [NewTopic(name, partitions, 1) for name in topic_names(topics)]
         for future in admin.create_topics(new, operation_timeout=60).values():
             future.result(120)
-    try:
+        yield broker.bootstrap
+    finally:
+        broker.stop()
+
+
+def kafka_sections(bootstrap: str, extra: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The gateway's Kafka sections: the tests' document with --kafka-document over it."""
+    document: dict[str, Any] = kafka_document(bootstrap)
+    for name, section in extra.items():
+        document.setdefault(name, {}).update(section)
+    return document
+
+
+@contextmanager
+def gateway(
+    engine: str, workdir: Path, topics: int, args: argparse.Namespace
+) -> Iterator[tuple[int, int]]:
+    """A fresh `rafka` on `engine` with `topics` topics of --partitions partitions;
+    (port, pid). What it logged last is printed when the block fails."""
+    document: dict[str, Any] = {"gateway": {"max_clients": 1000}}
+    with ExitStack() as stack:
+        if engine == "dafka":
+            document["dafka"] = {"partitions": args.partitions}
+        else:
+            bootstrap = stack.enter_context(kafka_broker(topics, args.partitions))
+            document.update(kafka_sections(bootstrap, args.kafka_document))
         child, port = start_rafka(workdir, document, "--engine", engine)
         try:
             yield port, child.pid
@@ -197,9 +224,30 @@ def gateway(engine: str, workdir: Path, topics: int, partitions: int) -> Iterato
             code = child.stop(60)
             if code != 0:
                 print(f"  rafka exited with {code}: {child.stderr_lines[-5:]}", flush=True)
-    finally:
-        if broker is not None:
-            broker.stop()
+
+
+def direct(topics: int, groups: int, args: argparse.Namespace) -> Figures:
+    """One run of bench/growth_direct.py (a direct confluent-kafka client, configured as
+    the gateway's engine) in the same shape, on a fresh broker of its own."""
+    with kafka_broker(topics, args.partitions) as bootstrap:
+        command = [
+            sys.executable,
+            str(Path(__file__).with_name("growth_direct.py")),
+            *("--bootstrap", bootstrap, "--groups", str(groups)),
+            *("--topics", ",".join(topic_names(topics))),
+            *("--records", str(args.records), "--deliveries", str(args.deliveries)),
+            *("--document", json.dumps(args.kafka_document)),
+        ]
+        try:
+            done = subprocess.run(
+                command, capture_output=True, text=True, timeout=args.bound, check=False
+            )
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"direct client not done within --bound {args.bound:g} s") from None
+    if done.returncode != 0:
+        raise RuntimeError(f"direct client failed: {done.stderr.strip().splitlines()[-3:]}")
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    return Figures(figures["produce"], figures["consume"], figures["rss"], figures["setup"])
 
 
 def measure(engine: str, topics: int, groups: int, args: argparse.Namespace) -> Figures | None:
@@ -212,19 +260,31 @@ def measure(engine: str, topics: int, groups: int, args: argparse.Namespace) -> 
         return None
 
 
+def measure_direct(topics: int, groups: int, args: argparse.Namespace) -> Figures | None:
+    """As measure(), for the direct confluent-kafka client (bench/growth_direct.py)."""
+    try:
+        return median([direct(topics, groups, args) for _ in range(args.runs)])
+    except Exception as error:
+        print(f"  {'direct client':<20} failed: {error!r}", flush=True)
+        return None
+
+
 def median_of_runs(engine: str, topics: int, groups: int, args: argparse.Namespace) -> Figures:
     runs: list[Figures] = []
     for _ in range(args.runs):
         with (
             tempfile.TemporaryDirectory(prefix="rafka-bench-growth-") as tmp,
-            gateway(engine, Path(tmp), topics, args.partitions) as (port, pid),
+            gateway(engine, Path(tmp), topics, args) as (port, pid),
         ):
-            work = shape(port, topics, groups, args.records, args.deliveries, args.window)
+            work = shape(port, pid, topics, groups, args.records, args.deliveries, args.window)
             try:
-                produced, consumed, setup = asyncio.run(asyncio.wait_for(work, args.bound))
+                runs.append(asyncio.run(asyncio.wait_for(work, args.bound)))
             except TimeoutError:
                 raise RuntimeError(f"not done within --bound {args.bound:g} s") from None
-            runs.append(Figures(produced, consumed, float(rss_bytes(pid)), setup))
+    return median(runs)
+
+
+def median(runs: Sequence[Figures]) -> Figures:
     return Figures(
         statistics.median(f.produce for f in runs),
         statistics.median(f.consume for f in runs),
@@ -251,6 +311,29 @@ def print_row(label: str, figures: Figures, reference: Figures | None) -> None:
     )
 
 
+def shapes_argument(text: str) -> list[tuple[int, int]]:
+    """`1x1,1x100` -> [(1, 1), (1, 100)]."""
+    try:
+        shapes = [tuple(int(n) for n in part.split("x")) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not TOPICSxGROUPS,...: {text!r}") from None
+    if any(len(shape) != 2 or min(shape) < 1 for shape in shapes):
+        raise argparse.ArgumentTypeError(f"not TOPICSxGROUPS,...: {text!r}")
+    return [(topics, groups) for topics, groups in shapes]
+
+
+def print_versus(gateway: Figures, reference: Figures) -> None:
+    """The gateway's figures divided by the direct client's in the same shape: a ratio
+    that falls along the curve is the gateway's own cost growing; one that holds means
+    the broker's and librdkafka's."""
+    print(
+        f"    {'gateway / direct':<18} {'':>11} {gateway.produce / reference.produce:5.2f}   "
+        f"{'':>11} {gateway.consume / reference.consume:5.2f}   "
+        f"{'':>11} {gateway.rss / reference.rss:5.2f}",
+        flush=True,
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--engine", choices=("dafka", "kafka", "both"), default="both")
@@ -265,6 +348,24 @@ def main() -> int:
     )
     parser.add_argument(
         "--bound", type=float, default=120.0, help="seconds one shape may take (then: failed)"
+    )
+    parser.add_argument(
+        "--kafka-document",
+        type=json.loads,
+        default={},
+        metavar="JSON",
+        help="Kafka engine: sections over the tests' Kafka configuration, for the gateway "
+        'and the direct client alike, e.g. \'{"consumer": {"queued.min.messages": 1000}}\'',
+    )
+    parser.add_argument(
+        "--shapes",
+        type=shapes_argument,
+        default=SHAPES,
+        help="TOPICSxGROUPS,... (default: 1x1,100x1,1000x1,1x10,1x100; the first is the "
+        "reference of the ratios)",
+    )
+    parser.add_argument(
+        "--no-direct", action="store_true", help="Kafka engine: skip the direct client"
     )
     args = parser.parse_args()
     limit = raise_open_files(OPEN_FILES)
@@ -283,15 +384,33 @@ def main() -> int:
             f"{'RSS':>11} {'ratio':>5}   {'set-up':>8}",
             flush=True,
         )
+        if engine == "kafka" and not args.no_direct:
+            print(
+                "  each shape: the gateway, then a direct confluent-kafka client in the same "
+                "shape and run (bench/growth_direct.py), then the gateway's figures over the "
+                "direct client's",
+                flush=True,
+            )
         reference: Figures | None = None
-        for topics, groups in SHAPES:
+        direct_reference: Figures | None = None
+        for topics, groups in args.shapes:
             figures = measure(engine, topics, groups, args)
-            if figures is None:
+            first = (topics, groups) == args.shapes[0]
+            if figures is not None:
+                if first:
+                    reference = figures
+                label = f"{topics} topic{'s' * (topics > 1)}, {groups} group{'s' * (groups > 1)}"
+                print_row(label, figures, reference)
+            if engine != "kafka" or args.no_direct:
                 continue
-            if (topics, groups) == SHAPES[0]:
-                reference = figures
-            label = f"{topics} topic{'s' * (topics > 1)}, {groups} group{'s' * (groups > 1)}"
-            print_row(label, figures, reference)
+            theirs = measure_direct(topics, groups, args)
+            if theirs is None:
+                continue
+            if first:
+                direct_reference = theirs
+            print_row("  direct client", theirs, direct_reference)
+            if figures is not None:
+                print_versus(figures, theirs)
     return 0
 
 
