@@ -71,6 +71,20 @@ def parse_topics_key(key: str) -> tuple[list[str], dict[str, object] | None]:
     return topics, settings
 
 
+def session_topics(
+    session: Session, key: bytes
+) -> tuple[tuple[str, ...], dict[str, object] | None, str]:
+    """parse_topics_key() of `key`, with its topics joined by ","; the session's last
+    key is answered without parsing it again."""
+    parsed = session.topics_parsed
+    if parsed is not None and key == session.topics_key:
+        return parsed
+    topics, settings = parse_topics_key(text(key))
+    parsed = (tuple(topics), settings, ",".join(topics))
+    session.topics_key, session.topics_parsed = key, parsed
+    return parsed
+
+
 def parse_timeout(raw: bytes, default: float) -> float | None:
     """Seconds to wait (None = forever). Not a number -> Rafka's default."""
     candidate = raw.decode("latin-1")
@@ -124,9 +138,9 @@ def batch_reply(key: bytes, records: Sequence[Record], protocol: int) -> Reply:
 def blpop(session: Session, args: list[bytes]) -> Answer:
     """BLPOP topics:<t1,t2>[:<json>] [...] <timeout>, in Rafka's processing order."""
     key = arg(args, 1)
-    topics, settings = parse_topics_key(text(key))
+    topics, settings, joined = session_topics(session, key)
     timeout = parse_timeout(args[-1], session.ctx.config.blpop_default_timeout)
-    return _consume(session, topics, settings, timeout, None, key)
+    return _consume(session, topics, settings, joined, timeout, None, key)
 
 
 def parse_blmpop(args: list[bytes]) -> tuple[float | None, bytes, int]:
@@ -172,25 +186,27 @@ def blmpop(session: Session, args: list[bytes]) -> Answer:
     """BLMPOP <timeout> <numkeys> topics:<t1,t2>[:<json>] [...] LEFT [COUNT n]: up to n
     records in one reply. The first key counts (as BLPOP's); then as BLPOP."""
     timeout, key, count = parse_blmpop(args)
-    topics, settings = parse_topics_key(text(key))
-    return _consume(session, topics, settings, timeout, count, key)
+    topics, settings, joined = session_topics(session, key)
+    return _consume(session, topics, settings, joined, timeout, count, key)
 
 
 def _consume(
     session: Session,
-    topics: list[str],
+    topics: Sequence[str],
     settings: dict[str, object] | None,
+    joined: str,
     timeout: float | None,
     count: int | None,
     key: bytes,
 ) -> Answer:
-    """BLPOP (count None: one record) or BLMPOP (up to count), after the key's parsing."""
+    """BLPOP (count None: one record) or BLMPOP (up to count), after the key's parsing
+    (`joined`: the topics joined by ",")."""
     ctx = session.ctx
     if ctx.shutting_down:
         raise errors.server_shutdown()
     if not session.name_set:
         raise errors.not_ready()
-    consumer_id = f"{session.id}|{','.join(topics)}"
+    consumer_id = f"{session.id}|{joined}"
     consumer = session.consumer
     if consumer is None:
         return _create_then_next(session, topics, settings or {}, consumer_id, timeout, count, key)
