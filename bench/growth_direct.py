@@ -30,7 +30,7 @@ from confluent_kafka import Consumer, Producer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from backends.kafka.settings import KafkaSettings, parse_settings
+from backends.kafka.settings import KafkaSettings, consumer_properties, parse_settings
 from backends.settings import json_decoder
 from tests.support.connections import rss_bytes
 from tests.support.kafka import kafka_document
@@ -116,7 +116,7 @@ def shape(
     if producer.flush(120):
         raise RuntimeError("warm-up records not delivered")
     consumers = [
-        Consumer({**config.consumer, "group.id": f"growth-{g}", "client.id": "c"})
+        Consumer({**consumer_properties(config), "group.id": f"growth-{g}", "client.id": "c"})
         for g in range(groups)
     ]
     for consumer in consumers:

@@ -58,7 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from backends.dafka.config import Config
 from backends.dafka.tools.perf_consumer import percentile
 from backends.dafka.tools.perf_store import STAMP
-from backends.kafka.settings import KafkaSettings, parse_settings
+from backends.kafka.settings import KafkaSettings, consumer_properties, parse_settings
 from backends.process import ProcessError
 from backends.settings import json_decoder
 from tests.support.dafka_programs import Program
@@ -230,7 +230,8 @@ def gateway_consume_batch(port: int, topic: str, records: int, count: int) -> fl
 
 
 def direct_consume(bootstrap: str, topic: str, records: int) -> float:
-    consumer = Consumer({**gateway_properties(bootstrap).consumer, "group.id": f"direct-{topic}"})
+    properties = consumer_properties(gateway_properties(bootstrap))  # the engine's defaults too
+    consumer = Consumer({**properties, "group.id": f"direct-{topic}"})
     consumer.subscribe([topic])
     first = None
     while first is None:
