@@ -22,6 +22,7 @@ log = structlog.get_logger("rafka.gateway.consume")
 
 _NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 _JSON_SPACE = " \t\n\r"
+_CACHED_KEY = 64 * 1024  # bytes of a BLPOP key a session keeps parsed (1,000 topics: 12 KB)
 
 
 # --- BLPOP key and timeout ---------------------------------------------------------------
@@ -75,13 +76,16 @@ def session_topics(
     session: Session, key: bytes
 ) -> tuple[tuple[str, ...], dict[str, object] | None, str]:
     """parse_topics_key() of `key`, with its topics joined by ","; the session's last
-    key is answered without parsing it again."""
+    key is answered without parsing it again. Kept only once the session has a consumer
+    (which holds those topics anyway) and up to _CACHED_KEY bytes: a connection must not
+    keep what a huge or refused key parsed to."""
     parsed = session.topics_parsed
     if parsed is not None and key == session.topics_key:
         return parsed
     topics, settings = parse_topics_key(text(key))
     parsed = (tuple(topics), settings, ",".join(topics))
-    session.topics_key, session.topics_parsed = key, parsed
+    if session.consumer is not None and len(key) <= _CACHED_KEY:
+        session.topics_key, session.topics_parsed = key, parsed
     return parsed
 
 
