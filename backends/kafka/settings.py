@@ -30,7 +30,7 @@ SECTIONS = ("general", "consumer", "producer")
 # gateway's own buffer, unless `general`, `consumer` or the client's BLPOP settings set
 # these properties. librdkafka's defaults (100,000 records a partition, 64 MiB) cost the
 # gateway about 9 MiB per group once records flow, and keep every idle group fetching
-# each new record (100 groups: 928 MiB, and produce 10 times slower on Tansu). With a
+# each new record (100 groups: 4,150 MiB, produce and consume 10 times slower). With a
 # small queue, librdkafka's 1,000 ms wait before fetching again for a partition whose
 # queue was full (`fetch.queue.backoff.ms`) cut one consumer's rate to a fifth: 10 ms
 # kept it. docs/gateway.md ("What scale costs") has the figures.
