@@ -45,8 +45,10 @@ import os, subprocess, sys, time
 from confluent_kafka import Consumer, KafkaError
 sys.path.insert(0, {bench!r})
 from run import gateway_properties
+from backends.kafka.settings import consumer_properties
 bootstrap, topic, records = sys.argv[1], sys.argv[2], int(sys.argv[3])
-consumer = Consumer({{**gateway_properties(bootstrap).consumer, "group.id": "instructions"}})
+properties = consumer_properties(gateway_properties(bootstrap))
+consumer = Consumer({{**properties, "group.id": "instructions"}})
 consumer.subscribe([topic])
 got = []
 def take(messages):

@@ -11,9 +11,14 @@ fresh broker) is started and:
 3. consume: every group reads --deliveries / groups of them (all of them at most) at
    once, each connection with --window BLPOPs in flight: records delivered per second,
    all groups together;
-4. the gateway's RSS (VmRSS of the `rafka` process; on Dafka, the embedded tower and
-   stores are processes of their own and not counted), its threads and open files, and
-   the CPU seconds its child processes (Dafka: the embedded tower and stores) used.
+4. the gateway's RSS (VmRSS of the `rafka` process, every group still joined; on Dafka,
+   the embedded tower and stores are processes of their own and not counted), its threads
+   and open files, and the CPU seconds its child processes (Dafka: the embedded tower and
+   stores) used.
+On Kafka, each shape is then run again by a direct confluent-kafka client configured as
+the gateway's engine (bench/growth_direct.py, a process of its own on a fresh broker), and
+the gateway's figures are printed over the direct client's: a ratio that falls along the
+curve is the gateway's own cost, one that holds is the broker's and librdkafka's.
 Each figure is printed next to the 1-topic, 1-group figure of the same engine in the same
 run, with the ratio (issue 11's aim: within 20%, i.e. a ratio of 0.8 or more for the
 rates, at most 1.2 for RSS).
@@ -26,13 +31,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -170,9 +177,9 @@ async def consume(client: Client, key: bytes, count: int, window: int) -> None:
 
 
 async def shape(
-    port: int, topics: int, groups: int, records: int, deliveries: int, window: int
-) -> tuple[float, float, float]:
-    """(produce records/s, consume records/s, set-up seconds) of one shape."""
+    port: int, pid: int, topics: int, groups: int, records: int, deliveries: int, window: int
+) -> Figures:
+    """The figures of one shape; the RSS is read while every group is still joined."""
     names = topic_names(topics)
     key = ("topics:" + ",".join(names)).encode()
     started = time.perf_counter()
@@ -191,28 +198,50 @@ async def shape(
     start = time.perf_counter()
     await asyncio.gather(*(consume(c, key, each, window) for c in consumers))
     consumed = each * groups / (time.perf_counter() - start)
+    rss = float(rss_bytes(pid))
+    threads, files = threads_and_files(pid)
     for client in consumers:
         await client.close()
-    return produced, consumed, setup
+    return Figures(produced, consumed, rss, setup, threads, files, children_cpu(pid))
 
 
 @contextmanager
-def gateway(engine: str, workdir: Path, topics: int, partitions: int) -> Iterator[tuple[int, int]]:
-    """A fresh `rafka` on `engine` with `topics` topics of `partitions` partitions; (port,
-    pid). What it logged last is printed when the block fails."""
-    document: dict[str, Any] = {"gateway": {"max_clients": 1000}}
-    if engine == "dafka":
-        document["dafka"] = {"partitions": partitions}
-    broker = None
-    if engine == "kafka":
-        broker = TansuBroker()
-        broker.start()
-        document.update(kafka_document(broker.bootstrap))
-        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+def kafka_broker(topics: int, partitions: int) -> Iterator[str]:
+    """A fresh Tansu broker with `topics` topics of `partitions` partitions, all created
+    before anything is timed; its bootstrap address."""
+    broker = TansuBroker()
+    broker.start()
+    try:
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap, "log_level": 3})
         new = [NewTopic(name, partitions, 1) for name in topic_names(topics)]
         for future in admin.create_topics(new, operation_timeout=60).values():
             future.result(120)
-    try:
+        yield broker.bootstrap
+    finally:
+        broker.stop()
+
+
+def kafka_sections(bootstrap: str, extra: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The gateway's Kafka sections: the tests' document with --kafka-document over it."""
+    document: dict[str, Any] = kafka_document(bootstrap)
+    for name, section in extra.items():
+        document.setdefault(name, {}).update(section)
+    return document
+
+
+@contextmanager
+def gateway(
+    engine: str, workdir: Path, topics: int, args: argparse.Namespace
+) -> Iterator[tuple[int, int]]:
+    """A fresh `rafka` on `engine` with `topics` topics of --partitions partitions;
+    (port, pid). What it logged last is printed when the block fails."""
+    document: dict[str, Any] = {"gateway": {"max_clients": 1000}}
+    with ExitStack() as stack:
+        if engine == "dafka":
+            document["dafka"] = {"partitions": args.partitions}
+        else:
+            bootstrap = stack.enter_context(kafka_broker(topics, args.partitions))
+            document.update(kafka_sections(bootstrap, args.kafka_document))
         child, port = start_rafka(workdir, document, "--engine", engine)
         try:
             yield port, child.pid
@@ -223,9 +252,30 @@ def gateway(engine: str, workdir: Path, topics: int, partitions: int) -> Iterato
             code = child.stop(60)
             if code != 0:
                 print(f"  rafka exited with {code}: {child.stderr_lines[-5:]}", flush=True)
-    finally:
-        if broker is not None:
-            broker.stop()
+
+
+def direct(topics: int, groups: int, args: argparse.Namespace) -> Figures:
+    """One run of bench/growth_direct.py (a direct confluent-kafka client, configured as
+    the gateway's engine) in the same shape, on a fresh broker of its own."""
+    with kafka_broker(topics, args.partitions) as bootstrap:
+        command = [
+            sys.executable,
+            str(Path(__file__).with_name("growth_direct.py")),
+            *("--bootstrap", bootstrap, "--groups", str(groups)),
+            *("--topics", ",".join(topic_names(topics))),
+            *("--records", str(args.records), "--deliveries", str(args.deliveries)),
+            *("--document", json.dumps(args.kafka_document)),
+        ]
+        try:
+            done = subprocess.run(
+                command, capture_output=True, text=True, timeout=args.bound, check=False
+            )
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"direct client not done within --bound {args.bound:g} s") from None
+    if done.returncode != 0:
+        raise RuntimeError(f"direct client failed: {done.stderr.strip().splitlines()[-3:]}")
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    return Figures(figures["produce"], figures["consume"], figures["rss"], figures["setup"])
 
 
 def measure(engine: str, topics: int, groups: int, args: argparse.Namespace) -> Figures | None:
@@ -238,30 +288,31 @@ def measure(engine: str, topics: int, groups: int, args: argparse.Namespace) -> 
         return None
 
 
+def measure_direct(topics: int, groups: int, args: argparse.Namespace) -> Figures | None:
+    """As measure(), for the direct confluent-kafka client (bench/growth_direct.py)."""
+    try:
+        return median([direct(topics, groups, args) for _ in range(args.runs)])
+    except Exception as error:
+        print(f"  {'direct client':<20} failed: {error!r}", flush=True)
+        return None
+
+
 def median_of_runs(engine: str, topics: int, groups: int, args: argparse.Namespace) -> Figures:
     runs: list[Figures] = []
     for _ in range(args.runs):
         with (
             tempfile.TemporaryDirectory(prefix="rafka-bench-growth-") as tmp,
-            gateway(engine, Path(tmp), topics, args.partitions) as (port, pid),
+            gateway(engine, Path(tmp), topics, args) as (port, pid),
         ):
-            work = shape(port, topics, groups, args.records, args.deliveries, args.window)
+            work = shape(port, pid, topics, groups, args.records, args.deliveries, args.window)
             try:
-                produced, consumed, setup = asyncio.run(asyncio.wait_for(work, args.bound))
+                runs.append(asyncio.run(asyncio.wait_for(work, args.bound)))
             except TimeoutError:
                 raise RuntimeError(f"not done within --bound {args.bound:g} s") from None
-            threads, files = threads_and_files(pid)
-            runs.append(
-                Figures(
-                    produced,
-                    consumed,
-                    float(rss_bytes(pid)),
-                    setup,
-                    threads,
-                    files,
-                    children_cpu(pid),
-                )
-            )
+    return median(runs)
+
+
+def median(runs: Sequence[Figures]) -> Figures:
     return Figures(
         *(statistics.median(getattr(f, name) for f in runs) for name in Figures.__annotations__)
     )
@@ -286,26 +337,53 @@ def print_row(label: str, figures: Figures, reference: Figures | None) -> None:
     )
 
 
-def parse_shapes(text: str) -> tuple[tuple[int, int], ...]:
-    """`1x1,100x1` -> ((1, 1), (100, 1))."""
+# --records and --deliveries by default. On Kafka, 20,000 records took a direct client
+# 0.05 s to produce (mostly the last flush) and the gateway 0.2 s: too short a clock.
+DEFAULT_COUNTS = {"dafka": (20_000, 20_000), "kafka": (100_000, 50_000)}
+
+
+def engine_args(engine: str, options: argparse.Namespace) -> argparse.Namespace:
+    """The options for `engine`, its defaults filled in."""
+    records, deliveries = DEFAULT_COUNTS[engine]
+    args = argparse.Namespace(**vars(options))
+    args.records = records if options.records is None else options.records
+    args.deliveries = deliveries if options.deliveries is None else options.deliveries
+    return args
+
+
+def shapes_argument(text: str) -> list[tuple[int, int]]:
+    """`1x1,1x100` -> [(1, 1), (1, 100)]."""
     try:
-        shapes = tuple(
-            (int(topics), int(groups))
-            for topics, groups in (item.split("x") for item in text.split(","))
-        )
+        shapes = [tuple(int(n) for n in part.split("x")) for part in text.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"not TOPICSxGROUPS,...: {text!r}") from None
-    if not shapes or any(t < 1 or g < 1 for t, g in shapes):
-        raise argparse.ArgumentTypeError(f"topics and groups are at least 1: {text!r}")
-    return shapes
+    if any(len(shape) != 2 or min(shape) < 1 for shape in shapes):
+        raise argparse.ArgumentTypeError(f"not TOPICSxGROUPS,...: {text!r}")
+    return [(topics, groups) for topics, groups in shapes]
+
+
+def print_versus(gateway: Figures, reference: Figures) -> None:
+    """The gateway's figures divided by the direct client's in the same shape: a ratio
+    that falls along the curve is the gateway's own cost growing; one that holds means
+    the broker's and librdkafka's."""
+    print(
+        f"    {'gateway / direct':<18} {'':>11} {gateway.produce / reference.produce:5.2f}   "
+        f"{'':>11} {gateway.consume / reference.consume:5.2f}   "
+        f"{'':>11} {gateway.rss / reference.rss:5.2f}",
+        flush=True,
+    )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--engine", choices=("dafka", "kafka", "both"), default="both")
-    parser.add_argument("--records", type=int, default=20_000, help="records produced")
     parser.add_argument(
-        "--deliveries", type=int, default=20_000, help="records consumed, all groups together"
+        "--records", type=int, help="records produced (default: dafka 20,000, kafka 100,000)"
+    )
+    parser.add_argument(
+        "--deliveries",
+        type=int,
+        help="records consumed, all groups together (default: dafka 20,000, kafka 50,000)",
     )
     parser.add_argument("--window", type=int, default=100, help="BLPOPs in flight per group")
     parser.add_argument("--runs", type=int, default=1, help="runs per figure (the median)")
@@ -316,18 +394,30 @@ def main() -> int:
         "--bound", type=float, default=120.0, help="seconds one shape may take (then: failed)"
     )
     parser.add_argument(
-        "--shapes",
-        type=parse_shapes,
-        default=SHAPES,
-        help="TOPICSxGROUPS,... (default: 1x1,100x1,1000x1,1x10,1x100); ratios are to the "
-        "first one",
+        "--kafka-document",
+        type=json.loads,
+        default={},
+        metavar="JSON",
+        help="Kafka engine: sections over the tests' Kafka configuration, for the gateway "
+        'and the direct client alike, e.g. \'{"consumer": {"queued.min.messages": 1000}}\'',
     )
-    args = parser.parse_args()
+    parser.add_argument(
+        "--shapes",
+        type=shapes_argument,
+        default=SHAPES,
+        help="TOPICSxGROUPS,... (default: 1x1,100x1,1000x1,1x10,1x100; the first is the "
+        "reference of the ratios)",
+    )
+    parser.add_argument(
+        "--no-direct", action="store_true", help="Kafka engine: skip the direct client"
+    )
+    options = parser.parse_args()
     limit = raise_open_files(OPEN_FILES)
     if limit < OPEN_FILES:
         print(f"open files limited to {limit} (ulimit -Hn): 1,000 topics may not fit")
-    engines = ("dafka", "kafka") if args.engine == "both" else (args.engine,)
+    engines = ("dafka", "kafka") if options.engine == "both" else (options.engine,)
     for engine in engines:
+        args = engine_args(engine, options)
         print(
             f"\n{engine} engine, {args.partitions} partition(s) per topic: {args.records:,} "
             f"records produced, {args.deliveries:,} consumed (median of {args.runs}); "
@@ -340,15 +430,33 @@ def main() -> int:
             f"{'children':>10}",
             flush=True,
         )
+        if engine == "kafka" and not args.no_direct:
+            print(
+                "  each shape: the gateway, then a direct confluent-kafka client in the same "
+                "shape and run (bench/growth_direct.py), then the gateway's figures over the "
+                "direct client's",
+                flush=True,
+            )
         reference: Figures | None = None
+        direct_reference: Figures | None = None
         for topics, groups in args.shapes:
             figures = measure(engine, topics, groups, args)
-            if figures is None:
+            first = (topics, groups) == args.shapes[0]
+            if figures is not None:
+                if first:
+                    reference = figures
+                label = f"{topics} topic{'s' * (topics > 1)}, {groups} group{'s' * (groups > 1)}"
+                print_row(label, figures, reference)
+            if engine != "kafka" or args.no_direct:
                 continue
-            if (topics, groups) == args.shapes[0]:
-                reference = figures
-            label = f"{topics} topic{'s' * (topics > 1)}, {groups} group{'s' * (groups > 1)}"
-            print_row(label, figures, reference)
+            theirs = measure_direct(topics, groups, args)
+            if theirs is None:
+                continue
+            if first:
+                direct_reference = theirs
+            print_row("  direct client", theirs, direct_reference)
+            if figures is not None:
+                print_versus(figures, theirs)
     return 0
 
 

@@ -69,7 +69,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from backends.dafka.config import Config
 from backends.dafka.tools.perf_consumer import percentile
 from backends.dafka.tools.perf_store import STAMP
-from backends.kafka.settings import KafkaSettings, parse_settings
+from backends.kafka.settings import KafkaSettings, consumer_properties, parse_settings
 from backends.process import ProcessError
 from backends.settings import json_decoder
 from tests.support.dafka_programs import Program
@@ -342,7 +342,8 @@ def direct_consume(
     """Records/s of a confluent-kafka consumer configured as the gateway's (consume() in
     batches of up to 1000), after its first record; each record's error checked and its
     partition, offset and value read."""
-    consumer = Consumer({**gateway_properties(bootstrap).consumer, "group.id": group})
+    properties = consumer_properties(gateway_properties(bootstrap))  # the engine's defaults too
+    consumer = Consumer({**properties, "group.id": group})
     consumer.subscribe([topic])
     got: list[Position] = []
     size = 0

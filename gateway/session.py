@@ -44,6 +44,11 @@ class Session:
         self.producer: Producer | None = None
         self.consumer: Consumer | None = None
         self.consumer_id: str | None = None
+        # The last BLPOP/BLMPOP key and what it parsed to (topics, JSON settings, topics
+        # joined by ","): a consumer sends the same key every time, and a key naming
+        # 1,000 topics cost more to split than the rest of the BLPOP.
+        self.topics_key: bytes | None = None
+        self.topics_parsed: tuple[tuple[str, ...], dict[str, object] | None, str] | None = None
         self.monitoring = False
         # Set by a command that waits for room in the engine's queue: the connection
         # reads nothing more until it has answered (backpressure).

@@ -26,7 +26,7 @@ from backends.base import (
 from backends.kafka.consumer import MAX_BATCH, KafkaConsumer
 from backends.kafka.producer import ProducerHandle, SharedProducer
 from backends.kafka.reads import KafkaReads
-from backends.kafka.settings import KafkaSettings, consumer_overrides
+from backends.kafka.settings import KafkaSettings, consumer_overrides, consumer_properties
 from backends.kafka.texts import error_text
 
 log = structlog.get_logger("rafka.kafka.engine")
@@ -44,7 +44,7 @@ class KafkaEngine(Engine):
         batch = options.consume_batch
         if not 1 <= batch <= MAX_BATCH:
             raise ValueError(f"consume_batch must be 1..{MAX_BATCH}, not {batch}")
-        self._consumer_config = dict(settings.consumer)
+        self._consumer_config = consumer_properties(settings)
         self._producer_config = dict(settings.producer)
         self._metadata_timeout = options.metadata_timeout
         self._stop_flush_timeout = options.stop_flush_timeout

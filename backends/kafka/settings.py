@@ -26,6 +26,22 @@ from backends.settings import redacted
 
 SECTIONS = ("general", "consumer", "producer")
 
+# What each consumer (one per consumer group and connection) may fetch ahead of the
+# gateway's own buffer, unless `general`, `consumer` or the client's BLPOP settings set
+# these properties. librdkafka's defaults (100,000 records a partition, 64 MiB) cost the
+# gateway about 9 MiB per group once records flow, and keep every idle group fetching
+# each new record (100 groups: 4,150 MiB, produce and consume 10 times slower). With a
+# small queue, librdkafka's 1,000 ms wait before fetching again for a partition whose
+# queue was full (`fetch.queue.backoff.ms`) cut one consumer's rate to a fifth: 10 ms
+# kept it. docs/gateway.md ("What scale costs") has the figures.
+CONSUMER_DEFAULTS: Mapping[str, str] = MappingProxyType(
+    {
+        "queued.min.messages": "1000",
+        "queued.max.messages.kbytes": "1024",
+        "fetch.queue.backoff.ms": "10",
+    }
+)
+
 
 @dataclass(frozen=True)
 class KafkaSettings:
@@ -92,6 +108,12 @@ def parse_settings(document: Mapping[str, object]) -> KafkaSettings:
     )
 
 
+def consumer_properties(settings: KafkaSettings) -> dict[str, str]:
+    """The properties every consumer is created with (before a client's BLPOP settings):
+    CONSUMER_DEFAULTS under the configured ones."""
+    return {**CONSUMER_DEFAULTS, **settings.consumer}
+
+
 def describe(settings: KafkaSettings) -> dict[str, object]:
     """The settings for the start-up log line (secrets redacted), with librdkafka's
     version: the same properties mean different things in different versions."""
@@ -99,6 +121,6 @@ def describe(settings: KafkaSettings) -> dict[str, object]:
 
     return {
         "librdkafka": confluent_kafka.libversion()[0],
-        "consumer": redacted(settings.consumer),
+        "consumer": redacted(consumer_properties(settings)),
         "producer": redacted(settings.producer),
     }

@@ -25,6 +25,7 @@ log = structlog.get_logger("rafka.gateway.consume")
 
 _NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 _JSON_SPACE = " \t\n\r"
+_CACHED_KEY = 64 * 1024  # bytes of a BLPOP key a session keeps parsed (1,000 topics: 12 KB)
 
 
 # --- BLPOP key and timeout ---------------------------------------------------------------
@@ -72,6 +73,23 @@ def parse_topics_key(key: str) -> tuple[list[str], dict[str, object] | None]:
     topics = parts[1].split(",")
     settings = parse_config_json(parts[2]) if len(parts) == 3 and parts[2] else None
     return topics, settings
+
+
+def session_topics(
+    session: Session, key: bytes
+) -> tuple[tuple[str, ...], dict[str, object] | None, str]:
+    """parse_topics_key() of `key`, with its topics joined by ","; the session's last
+    key is answered without parsing it again. Kept only once the session has a consumer
+    (which holds those topics anyway) and up to _CACHED_KEY bytes: a connection must not
+    keep what a huge or refused key parsed to."""
+    parsed = session.topics_parsed
+    if parsed is not None and key == session.topics_key:
+        return parsed
+    topics, settings = parse_topics_key(text(key))
+    parsed = (tuple(topics), settings, ",".join(topics))
+    if session.consumer is not None and len(key) <= _CACHED_KEY:
+        session.topics_key, session.topics_parsed = key, parsed
+    return parsed
 
 
 def parse_timeout(raw: bytes, default: float) -> float | None:
@@ -167,9 +185,9 @@ def _records_one_by_one(records: Sequence[Record], protocol: int) -> bytes:
 def blpop(session: Session, args: list[bytes]) -> Answer:
     """BLPOP topics:<t1,t2>[:<json>] [...] <timeout>, in Rafka's processing order."""
     key = arg(args, 1)
-    topics, settings = parse_topics_key(text(key))
+    topics, settings, joined = session_topics(session, key)
     timeout = parse_timeout(args[-1], session.ctx.config.blpop_default_timeout)
-    return _consume(session, topics, settings, timeout, None, key)
+    return _consume(session, topics, settings, joined, timeout, None, key)
 
 
 def parse_blmpop(args: list[bytes]) -> tuple[float | None, bytes, int]:
@@ -216,25 +234,27 @@ def blmpop(session: Session, args: list[bytes]) -> Answer:
     """BLMPOP <timeout> <numkeys> topics:<t1,t2>[:<json>] [...] LEFT [COUNT n]: up to n
     records in one reply. The first key counts (as BLPOP's); then as BLPOP."""
     timeout, key, count = parse_blmpop(args)
-    topics, settings = parse_topics_key(text(key))
-    return _consume(session, topics, settings, timeout, count, key)
+    topics, settings, joined = session_topics(session, key)
+    return _consume(session, topics, settings, joined, timeout, count, key)
 
 
 def _consume(
     session: Session,
-    topics: list[str],
+    topics: Sequence[str],
     settings: dict[str, object] | None,
+    joined: str,
     timeout: float | None,
     count: int | None,
     key: bytes,
 ) -> Answer:
-    """BLPOP (count None: one record) or BLMPOP (up to count), after the key's parsing."""
+    """BLPOP (count None: one record) or BLMPOP (up to count), after the key's parsing
+    (`joined`: the topics joined by ",")."""
     ctx = session.ctx
     if ctx.shutting_down:
         raise errors.server_shutdown()
     if not session.name_set:
         raise errors.not_ready()
-    consumer_id = f"{session.id}|{','.join(topics)}"
+    consumer_id = f"{session.id}|{joined}"
     consumer = session.consumer
     if consumer is None:
         return _create_then_next(session, topics, settings or {}, consumer_id, timeout, count, key)

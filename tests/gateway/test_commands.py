@@ -105,6 +105,25 @@ def test_exclusive_consumer_and_timeouts(server: ServerThread, topic: str) -> No
         raw.expect(b"_\r\n")
 
 
+def test_a_repeated_key_is_still_checked_against_the_consumer(
+    server: ServerThread, topic: str
+) -> None:
+    """The session's last BLPOP key is not parsed again: another key after it, one naming
+    many topics, still gets the exclusive-consumer check, and the first key its consumer."""
+    name = f"{group()}:baz"
+    many = ",".join([topic, *(f"absent-{i}" for i in range(300))])
+    with named(server, name) as raw:
+        for key in (topic, topic, topic, many, many, topic):
+            raw.command("BLPOP", f"topics:{key}", "0.1")
+            if key == topic:
+                raw.expect(b"*-1\r\n")
+            else:
+                raw.expect(
+                    f"-CONS Client '{name}' has Consumer '{name}|{topic}' registered "
+                    f"(new consID: '{name}|{many}')\r\n".encode()
+                )
+
+
 def test_consumer_config_applies_at_creation_only(
     server: ServerThread, topic: str, engine_name: str
 ) -> None:  # G4
