@@ -328,11 +328,16 @@ def print_row(label: str, figures: Figures, reference: Figures | None) -> None:
     produce = ratio(figures.produce, reference.produce if reference else None)
     consume = ratio(figures.consume, reference.consume if reference else None)
     rss = ratio(figures.rss, reference.rss if reference else None)
+    # The direct client (bench/growth_direct.py) does not report threads, files, children.
+    process = (
+        f"   {figures.threads:>7,.0f} {figures.files:>7,.0f} {figures.children_cpu:>8.1f} s"
+        if figures.threads
+        else ""
+    )
     print(
         f"  {label:<20} {figures.produce:>9,.0f}/s {produce}   "
         f"{figures.consume:>9,.0f}/s {consume}   "
-        f"{figures.rss / 2**20:>7,.1f} MiB {rss}   {figures.setup:6.1f} s   "
-        f"{figures.threads:>7,.0f} {figures.files:>7,.0f} {figures.children_cpu:>8.1f} s",
+        f"{figures.rss / 2**20:>7,.1f} MiB {rss}   {figures.setup:6.1f} s{process}",
         flush=True,
     )
 
