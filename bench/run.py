@@ -19,7 +19,12 @@ Kafka engine (on a Tansu broker):
 4. redis-benchmark RPUSHX (50 clients, without and with -P 16) against the rafka gateway
    and against a redis-server: the cost of the RESP front.
 5. Produce and consume through the gateway against a direct confluent-kafka client on the
-   same Tansu broker: the cost of the gateway on the Kafka path.
+   same Tansu broker: the cost of the gateway on the Kafka path. The pipelined RPUSHX row
+   is printed twice, as on Dafka: with redis-py, whose encoding runs in this process on
+   the same 2 cores as the gateway (so the client library's cost is in the figure; the
+   redis-py ceiling against a redis-server is printed beside it), and pre-encoded
+   (commands encoded before the clock starts, replies parsed by hiredis): the gateway's
+   own cost, which is what a fast client (hiredis, redis-benchmark, Go, Java) sees.
 
 Every figure is the median of --runs runs (default 3), the reference's too. Prints figures
 and ratios; never passes or fails anything. Usage: `make bench` (`make bench
@@ -310,13 +315,15 @@ def kafka_bench(args: argparse.Namespace) -> None:
 
             print("\nKafka path: records/s, gateway vs direct confluent-kafka")
             direct, piped, multi, consumed, consumed_direct = [], [], [], [], []
-            batched = []
+            batched, raw, ceiling = [], [], []
             for _ in range(runs):
                 topic_a = broker.create_topic(4)
                 topic_b = broker.create_topic(4)
                 topic_c = broker.create_topic(4)
                 direct.append(direct_produce(broker.bootstrap, topic_b, args.records))
                 piped.append(gateway_produce(gateway.port, topic_a, args.records, 1000))
+                raw.append(raw_produce(gateway.port, broker.create_topic(4), args.records, 1000))
+                ceiling.append(redis_py_ceiling(redis_port, args.records, 1000))
                 multi.append(gateway_produce_multi(gateway.port, topic_c, args.records, 100))
                 consumed_direct.append(
                     direct_consume(broker.bootstrap, topic_b, args.consume_records)
@@ -326,6 +333,7 @@ def kafka_bench(args: argparse.Namespace) -> None:
                     gateway_consume_batch(gateway.port, topic_c, args.records, args.blmpop_count)
                 )
             row("  produce, pipelined RPUSHX (1000/batch)", piped, direct, "direct producer")
+            row("    the same, pre-encoded (no redis-py)", raw, direct, "direct producer")
             row("  produce, RPUSHX with 100 values", multi, direct, "direct producer")
             row(
                 "  consume, BLPOP one record per call",
@@ -339,6 +347,7 @@ def kafka_bench(args: argparse.Namespace) -> None:
                 consumed_direct,
                 "direct consumer",
             )
+            ceiling_row(ceiling)
         finally:
             redis_server.stop()
             gateway.terminate()
@@ -499,6 +508,13 @@ def redis_py_ceiling(port: int, records: int, batch: int) -> float:
     elapsed = time.perf_counter() - start
     client.close()
     return records / elapsed
+
+
+def ceiling_row(ceiling: Sequence[float]) -> None:
+    print(
+        f"  (redis-py alone, pipelined RPUSHX to redis-server: "
+        f"{statistics.median(ceiling):,.0f}/s, the ceiling of the redis-py rows)"
+    )
 
 
 def paced_produce(port: int, topic: str, rate: int, count: int, achieved: Any) -> None:
@@ -832,10 +848,7 @@ def dafka_bench(args: argparse.Namespace, problems: Problems) -> None:
                     f"  {args.idle_connections:,} idle connections, each served a PING: "
                     f"{served:,} answered, gateway RSS {per_connection:.1f} KB per connection"
                 )
-            print(
-                f"  (redis-py alone, pipelined RPUSHX to redis-server: "
-                f"{statistics.median(ceiling):,.0f}/s, the ceiling of the redis-py rows)"
-            )
+            ceiling_row(ceiling)
             print(
                 "\n(latency: dafka-perf-consumer's percentiles are over all its records, "
                 "warm-up included; ratios are gateway/perf tools at p50/p90/p99)"
