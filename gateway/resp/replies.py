@@ -75,13 +75,18 @@ def _float_text(value: float) -> bytes:
     return repr(value).encode("ascii")
 
 
+_CACHED_INTS = 1024
+_SMALL_INTS: tuple[bytes, ...] = tuple(b":%d\r\n" % n for n in range(_CACHED_INTS))
+
+
 def _encode_into(reply: Any, resp3: bool, out: list[bytes]) -> None:
     # Dispatch on the exact type first: bytes, int and list are the hot cases.
     kind = type(reply)
     if kind is bytes:
         out.append(b"$%d\r\n%b\r\n" % (len(reply), reply))
     elif kind is int:
-        out.append(b":%d\r\n" % reply)
+        # RPUSHX's and RPUSH acks' counts: small, and one per pipelined command.
+        out.append(_SMALL_INTS[reply] if 0 <= reply < _CACHED_INTS else b":%d\r\n" % reply)
     elif kind is Encoded:
         out.append(reply)
     elif kind is list or kind is tuple:
