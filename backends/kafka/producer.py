@@ -60,6 +60,10 @@ class SharedProducer:
         self.generation = 0
         self._room_lock = threading.Lock()
         self._room_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        # Records enqueued by all handles: Stats.PRODUCED, counted by the producing thread
+        # alone, without Stats' lock per record.
+        self.produced = 0
+        stats.count_in(Stats.PRODUCED, lambda: self.produced)
         self._stopping = threading.Event()
         self._thread = threading.Thread(
             target=self._serve, name="rafka-kafka-producer-poll", daemon=True
@@ -158,11 +162,12 @@ class ProducerHandle(Producer):
     """One session's view of the shared producer: its own outstanding count.
 
     No lock on the hot path: the event loop's thread, the only one that produces, alone
-    writes `_produced`; the thread serving callbacks alone adds to `_settled`, under
-    `_lock`. Outstanding is their difference. Records are counted as produced before
-    librdkafka has them (their delivery may be served before produce() returns), so
-    `_settled` never passes `_produced`. The lock also guards the waiters, so a flush
-    cannot miss the wake-up of its last record.
+    writes `_produced` (and the shared producer's count for Stats.PRODUCED); the thread
+    serving callbacks alone adds to `_settled`, under `_lock`. Outstanding is their
+    difference. Records are counted as produced before librdkafka has them (their
+    delivery may be served before produce() returns), so `_settled` never passes
+    `_produced`. The lock also guards the waiters, so a flush cannot miss the wake-up of
+    its last record.
     """
 
     def __init__(self, shared: SharedProducer, stats: Stats, session_id: str) -> None:
@@ -184,7 +189,8 @@ class ProducerHandle(Producer):
         if self._closed:
             raise ProduceError(CLOSED)
         self._produced += 1  # first: the poll thread may deliver it before we return
-        refused_at = self._shared.generation
+        shared = self._shared
+        refused_at = shared.generation
         try:
             # Positional (topic, value, key, partition, on_delivery): no keyword matching.
             self._rd_produce(topic, value, key, _ANY_PARTITION, self._delivery_cb)
@@ -192,7 +198,7 @@ class ProducerHandle(Producer):
             self._unproduce(1)
             self._refused_at = refused_at
             raise _refusal(exc, 0) from None
-        self._stats.incr(Stats.PRODUCED)
+        shared.produced += 1
 
     def produce_many(self, topic: str, key: bytes | None, values: Sequence[bytes]) -> int:
         """As produce() for each value, in order, with one count per call."""
@@ -211,11 +217,10 @@ class ProducerHandle(Producer):
         except _REFUSALS as exc:
             # `enqueued` is the refused record's index: the ones before it stay queued.
             self._unproduce(count - enqueued)
-            if enqueued:
-                self._stats.incr(Stats.PRODUCED, enqueued)
+            self._shared.produced += enqueued
             self._refused_at = refused_at
             raise _refusal(exc, enqueued) from None
-        self._stats.incr(Stats.PRODUCED, count)
+        self._shared.produced += count
         return count
 
     def _unproduce(self, count: int) -> None:

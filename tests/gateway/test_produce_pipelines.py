@@ -88,3 +88,29 @@ def test_concurrent_pipelines_each_dump_waits_for_all_its_records(
         for connection in range(CONNECTIONS):
             mine = [value for value in got if value.startswith(b"c%d-" % connection)]
             assert mine == values_of(connection), f"connection {connection}: order or content"
+
+
+def test_del_stats_zeroes_the_produced_count_and_counting_goes_on(
+    server: ServerThread, new_topic: Callable[[int], str]
+) -> None:
+    """The Kafka engine counts produced records without Stats' lock (its own running
+    total): DEL stats must still zero what HGETALL shows, and counting go on from 0."""
+    key = f"topics:{new_topic(1)}"
+    with Raw(server.port, timeout=60) as raw:
+        for values in (("a", "b"), ("c",)):
+            raw.command("RPUSHX", key, *values)
+            assert raw.read_reply() == len(values)
+        raw.command("DUMP", "30000")  # delivered before the reset, not after it
+        assert raw.read_reply() == 0
+        assert stats(raw)[b"producer.produced.messages"] >= 3
+        raw.command("DEL", "stats")
+        assert raw.read_reply() == 1
+        assert stats(raw)[b"producer.produced.messages"] == 0
+        for values in (("d", "e"), ("f",)):
+            raw.command("RPUSHX", key, *values)
+            assert raw.read_reply() == len(values)
+        raw.command("DUMP", "30000")
+        assert raw.read_reply() == 0
+        counted = stats(raw)
+        assert counted[b"producer.produced.messages"] == 3
+        assert counted[b"producer.delivered.messages"] == 3
