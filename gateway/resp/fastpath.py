@@ -37,10 +37,6 @@ _LOOKBACK: Final = 24  # a header cut by a step boundary: its start was fed alre
 # (a regular expression over the data was 3 to 5 times slower).
 _DIGIT_MARKS: Final = bytes(48 if 48 <= i <= 57 else 32 for i in range(256))
 _AGGREGATES: Final = frozenset(b"*%~>|")
-_AGGREGATE_CHARS: Final = (b"*", b"%", b"~", b">", b"|")
-# Aggregate chars judged one by one in a window while there is at most one per this many
-# bytes; denser windows are scanned for runs of digits (_digit_runs_end).
-_BYTES_PER_HEAD: Final = 32
 
 
 class HiredisFastPath(FastPath):
@@ -110,40 +106,6 @@ class HiredisFastPath(FastPath):
         header begun before it, so already fed, is one). A match inside bulk data only
         ends the run early; the state machine takes over from there."""
         base = max(pos, start - _LOOKBACK)
-        window = buf[base:stop]
-        # Ordinary pipelines hold about one aggregate char per command (its `*`): judging
-        # each costs less than marking every byte. Where they are dense (tiny commands,
-        # or data full of them), every digit is marked instead.
-        budget = len(window) // _BYTES_PER_HEAD
-        found = len(window)  # the first dangerous header so far
-        for char in _AGGREGATE_CHARS:
-            head = window.find(char, 0, found)
-            while head >= 0:
-                budget -= 1
-                if budget < 0:
-                    return self._digit_runs_end(buf, base, start, stop)
-                if self._too_many(window, head):
-                    found = head
-                    break
-                head = window.find(char, head + 1, found)
-        return stop if found == len(window) else max(start, base + found)
-
-    def _too_many(self, window: bytes, head: int) -> bool:
-        """Whether the aggregate char at `head` starts a count above max_arguments."""
-        first = head + 1
-        if window[first : first + 1] in (b"+", b"-"):
-            first += 1
-        long_run = len(self._long_run)
-        if not window[first : first + long_run].isdigit():
-            return False  # fewer digits than max_arguments has (or none)
-        last = first + long_run
-        while last < len(window) and 48 <= window[last] <= 57:
-            last += 1
-        return last - first > MAX_DIGITS or int(window[first:last]) > self._limits.max_arguments
-
-    def _digit_runs_end(self, buf: bytes, base: int, start: int, stop: int) -> int:
-        """_safe_end for windows dense with aggregate chars: find every run of digits as
-        long as max_arguments, then look at what precedes it."""
         marks = buf[base:stop].translate(_DIGIT_MARKS)
         size = len(marks)
         long_run = self._long_run
