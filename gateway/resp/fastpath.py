@@ -8,6 +8,7 @@ the same bytes, however they are split into reads.
 from __future__ import annotations
 
 from collections import deque
+from itertools import chain
 from typing import Final
 
 from gateway.resp.requests import (
@@ -167,7 +168,14 @@ def _canonical(command: list[bytes]) -> bytes:
     if count == 1:
         (a,) = command
         return b"*1\r\n$%d\r\n%b\r\n" % (len(a), a)
-    return b"*%d\r\n%b" % (count, b"".join([b"$%d\r\n%b\r\n" % (len(x), x) for x in command]))
+    try:  # RPUSHX with many values: cached headers, not one formatting per value
+        heads = [_NEXT[len(x)] for x in command]
+    except IndexError:  # a length past the tables
+        return b"*%d\r\n%b" % (count, b"".join([b"$%d\r\n%b\r\n" % (len(x), x) for x in command]))
+    parts = [b"*%d" % count]  # each head starts with the CRLF that ends what precedes it
+    parts.extend(chain.from_iterable(zip(heads, command, strict=True)))
+    parts.append(b"\r\n")
+    return b"".join(parts)
 
 
 def make_parser(
