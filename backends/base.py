@@ -33,7 +33,7 @@ import asyncio
 import operator
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Self, TypeAlias, overload
 
@@ -289,6 +289,15 @@ class Stats:
         self._lock = threading.Lock()
         # The fixed counters, then those added at run time (add_counters), in order.
         self._values: dict[str, int] = dict.fromkeys(self.COUNTERS, 0)
+        # Counters also counted by their owner (count_in): name -> the owner's total.
+        self._owned: dict[str, Callable[[], int]] = {}
+
+    def count_in(self, name: str, total: Callable[[], int]) -> None:
+        """`name` is also counted by its owner: `total()` is the owner's running total,
+        kept by one thread without a lock (cheaper per record than incr()). get() and
+        snapshot() add it to what incr() counted; reset() zeroes the sum."""
+        with self._lock:
+            self._owned[name] = total
 
     def add_counters(self, names: Sequence[str]) -> None:
         """Counters that live as long as what they count (e.g. one HTTP push
@@ -311,17 +320,23 @@ class Stats:
 
     def get(self, name: str) -> int:
         with self._lock:
-            return self._values[name]
+            owned = self._owned.get(name)
+            return self._values[name] + (owned() if owned is not None else 0)
 
     def snapshot(self) -> dict[str, int]:
         """Every counter, Rafka's three first."""
         with self._lock:
-            return dict(self._values)
+            values = dict(self._values)
+            for name, owned in self._owned.items():
+                values[name] += owned()
+            return values
 
     def reset(self) -> None:
         with self._lock:
             for name in self._values:
                 self._values[name] = 0
+            for name, owned in self._owned.items():
+                self._values[name] = -owned()  # what the owner counts from now on
 
 
 class Producer(ABC):

@@ -31,6 +31,16 @@ Kafka engine (on a Tansu broker):
    is the client library's, not the gateway's, and the pre-encoded row shows the two apart.
    `--kafka-consume-only` skips the RESP front and produce rows. The same comparison
    in instructions per record, steady from run to run: bench/consume_instructions.py.
+   The pipelined RPUSHX row is printed twice, as on Dafka: with redis-py, whose
+   encoding runs in this process on the same 2 cores as the gateway (so the client
+   library's cost is in the figure; the redis-py ceiling against a redis-server is
+   printed beside it), and pre-encoded (commands encoded before the clock starts,
+   replies parsed by hiredis): the gateway's own cost, which is what a fast client
+   (hiredis, redis-benchmark, Go, Java) sees. `--linger-ms` sets both producers'
+   `queue.buffering.max.ms` (the tests' configuration has 0: librdkafka then sends what
+   it holds at once, so records that the gateway produces one command at a time leave
+   in small requests, which cost the broker and librdkafka several times more per
+   record than the direct producer's large ones).
 
 Every figure is the median of --runs runs (default 3), the reference's too. Prints figures
 and ratios; never passes or fails anything. Usage: `make bench` (`make bench
@@ -74,7 +84,7 @@ from backends.process import ProcessError
 from backends.settings import json_decoder
 from tests.support.dafka_programs import Program
 from tests.support.kafka import kafka_document
-from tests.support.rafka_process import RafkaProcess, write_config
+from tests.support.rafka_process import RafkaProcess
 from tests.support.redis_server import RedisServer, redis_benchmark
 from tests.support.tansu import TansuBroker
 from tests.support.waiting import wait_until
@@ -152,15 +162,25 @@ def gateway_produce_multi(port: int, topic: str, records: int, per_command: int)
     return records / elapsed
 
 
-def gateway_properties(bootstrap: str) -> KafkaSettings:
+def kafka_config(bootstrap: str, linger_ms: int | None = None) -> dict[str, dict[str, object]]:
+    """The tests' configuration (Rafka's, with `queue.buffering.max.ms` 0), or with
+    `linger_ms` as the producer's `queue.buffering.max.ms`."""
+    document = kafka_document(bootstrap)
+    if linger_ms is not None:
+        document["producer"] = {**document["producer"], "queue.buffering.max.ms": linger_ms}
+    return document
+
+
+def gateway_properties(bootstrap: str, linger_ms: int | None = None) -> KafkaSettings:
     """The librdkafka properties of the gateway under test, as its Kafka engine reads them
     from the configuration file: the direct clients are configured exactly as the
     gateway's, so the ratio is the gateway's cost."""
-    return parse_settings(json_decoder().decode(json.dumps(kafka_document(bootstrap))))
+    document = kafka_config(bootstrap, linger_ms)
+    return parse_settings(json_decoder().decode(json.dumps(document)))
 
 
-def direct_produce(bootstrap: str, topic: str, records: int) -> float:
-    producer = Producer(dict(gateway_properties(bootstrap).producer))
+def direct_produce(bootstrap: str, topic: str, records: int, linger_ms: int | None = None) -> float:
+    producer = Producer(dict(gateway_properties(bootstrap, linger_ms).producer))
     start = time.perf_counter()
     for _ in range(records):
         while True:
@@ -232,8 +252,11 @@ def wait_delivered(port: int, timeout: float = 120) -> None:
 
 def kafka_bench(args: argparse.Namespace, problems: Problems) -> None:
     runs = args.runs
+    linger = "0 (Rafka's test configuration)" if args.linger_ms is None else args.linger_ms
     with TansuBroker() as broker, tempfile.TemporaryDirectory() as scratch:
-        gateway = RafkaProcess(write_config(Path(scratch) / "librdkafka.json", broker.bootstrap))
+        config = Path(scratch) / "librdkafka.json"
+        config.write_text(json.dumps(kafka_config(broker.bootstrap, args.linger_ms)))
+        gateway = RafkaProcess(config)
         gateway.start()
         redis_server = start_redis_server()
         redis_port = redis_server.port
@@ -256,7 +279,8 @@ def kafka_bench(args: argparse.Namespace, problems: Problems) -> None:
             print(
                 f"\n== Kafka engine: rafka gateway on :{gateway.port}, redis-server on "
                 f":{redis_port}, Tansu on {broker.bootstrap}; {args.records:,} records of "
-                f"{SIZE} bytes; medians of {runs} runs\n",
+                f"{SIZE} bytes; producers' queue.buffering.max.ms {linger}; medians of "
+                f"{runs} runs\n",
                 flush=True,
             )
             if args.kafka_consume_only:
@@ -279,16 +303,22 @@ def kafka_bench(args: argparse.Namespace, problems: Problems) -> None:
                 row(f"  gateway -P {pipeline}", ours, reference, "redis-server")
 
             print("\nKafka path: records/s, gateway vs direct confluent-kafka")
-            direct, piped, multi = [], [], []
+            direct, piped, multi, raw, ceiling = [], [], [], [], []
             for _ in range(runs):
                 topic_a = broker.create_topic(4)
                 topic_b = broker.create_topic(4)
                 topic_c = broker.create_topic(4)
-                direct.append(direct_produce(broker.bootstrap, topic_b, args.records))
+                direct.append(
+                    direct_produce(broker.bootstrap, topic_b, args.records, args.linger_ms)
+                )
                 piped.append(gateway_produce(gateway.port, topic_a, args.records, 1000))
+                raw.append(raw_produce(gateway.port, broker.create_topic(4), args.records, 1000))
+                ceiling.append(redis_py_ceiling(redis_port, args.records, 1000))
                 multi.append(gateway_produce_multi(gateway.port, topic_c, args.records, 100))
             row("  produce, pipelined RPUSHX (1000/batch)", piped, direct, "direct producer")
+            row("    the same, pre-encoded (no redis-py)", raw, direct, "direct producer")
             row("  produce, RPUSHX with 100 values", multi, direct, "direct producer")
+            ceiling_row(ceiling)
             print()
             kafka_consume(args, broker, gateway.port, problems)
         finally:
@@ -638,6 +668,13 @@ def redis_py_ceiling(port: int, records: int, batch: int) -> float:
     return records / elapsed
 
 
+def ceiling_row(ceiling: Sequence[float]) -> None:
+    print(
+        f"  (redis-py alone, pipelined RPUSHX to redis-server: "
+        f"{statistics.median(ceiling):,.0f}/s, the ceiling of the redis-py rows)"
+    )
+
+
 def paced_produce(port: int, topic: str, rate: int, count: int, achieved: Any) -> None:
     """`count` RPUSHX at `rate` records/s on one connection, each value starting with its
     send time (time.monotonic_ns(), 8 bytes, as dafka-perf-store --timestamp); what is due
@@ -969,10 +1006,7 @@ def dafka_bench(args: argparse.Namespace, problems: Problems) -> None:
                     f"  {args.idle_connections:,} idle connections, each served a PING: "
                     f"{served:,} answered, gateway RSS {per_connection:.1f} KB per connection"
                 )
-            print(
-                f"  (redis-py alone, pipelined RPUSHX to redis-server: "
-                f"{statistics.median(ceiling):,.0f}/s, the ceiling of the redis-py rows)"
-            )
+            ceiling_row(ceiling)
             print(
                 "\n(latency: dafka-perf-consumer's percentiles are over all its records, "
                 "warm-up included; ratios are gateway/perf tools at p50/p90/p99)"
@@ -1087,6 +1121,12 @@ def main() -> int:
         default=latency_runs("10000:100,10000:m500,1000:1,1000:m500"),
         help="latency runs as RATE:BLPOPS_IN_FLIGHT or RATE:mCOUNT (one BLMPOP COUNT at a "
         "time),... (default 10000:100,10000:m500,1000:1,1000:m500)",
+    )
+    parser.add_argument(
+        "--linger-ms",
+        type=int,
+        help="Kafka: queue.buffering.max.ms of the gateway's and the direct producer "
+        "(default: the tests' configuration, 0; librdkafka's own default is 5)",
     )
     parser.add_argument("--warm-up", type=float, default=1.0, help="latency: seconds not measured")
     parser.add_argument("--seconds", type=float, default=3.0, help="latency: seconds measured")

@@ -37,6 +37,7 @@ _VALUE_PREVIEW = 64  # bytes of a failed record's value shown in the log
 # What librdkafka's produce() raises for a refused record; RuntimeError: "Producer has
 # been closed", for a handle that outlived the engine's stop().
 _REFUSALS = (BufferError, KafkaException, TypeError, ValueError, RuntimeError)
+_ANY_PARTITION = -1  # RD_KAFKA_PARTITION_UA: librdkafka's partitioner chooses
 
 
 class SharedProducer:
@@ -59,6 +60,10 @@ class SharedProducer:
         self.generation = 0
         self._room_lock = threading.Lock()
         self._room_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        # Records enqueued by all handles: Stats.PRODUCED, counted by the producing thread
+        # alone, without Stats' lock per record.
+        self.produced = 0
+        stats.count_in(Stats.PRODUCED, lambda: self.produced)
         self._stopping = threading.Event()
         self._thread = threading.Thread(
             target=self._serve, name="rafka-kafka-producer-poll", daemon=True
@@ -154,68 +159,88 @@ class SharedProducer:
 
 
 class ProducerHandle(Producer):
-    """One session's view of the shared producer: its own outstanding count."""
+    """One session's view of the shared producer: its own outstanding count.
+
+    No lock on the hot path: the event loop's thread, the only one that produces, alone
+    writes `_produced` (and the shared producer's count for Stats.PRODUCED); the thread
+    serving callbacks alone adds to `_settled`, under `_lock`. Outstanding is their
+    difference. Records are counted as produced before librdkafka has them (their
+    delivery may be served before produce() returns), so `_settled` never passes
+    `_produced`. The lock also guards the waiters, so a flush cannot miss the wake-up of
+    its last record.
+    """
 
     def __init__(self, shared: SharedProducer, stats: Stats, session_id: str) -> None:
         self._shared = shared
         self._stats = stats
         self._session_id = session_id
         self._lock = threading.Lock()
-        self._outstanding = 0
+        self._produced = 0  # written by the producing thread only
+        self._settled = 0  # written under _lock only
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         self._closed = False
         # Looked up once, not per record: one bound method serves every record.
         self._rd_produce = shared.rd.produce
-        self._settled = shared.settled
+        self._settled_batch = shared.settled
         self._delivery_cb = self._on_delivery
         self._refused_at = 0  # the shared producer's generation at the last Queue full
 
     def produce(self, topic: str, key: bytes | None, value: bytes) -> None:
         if self._closed:
             raise ProduceError(CLOSED)
-        with self._lock:  # count first: the poll thread may deliver before we return
-            self._outstanding += 1
-        refused_at = self._shared.generation
+        self._produced += 1  # first: the poll thread may deliver it before we return
+        shared = self._shared
+        refused_at = shared.generation
         try:
-            self._rd_produce(topic, value, key, on_delivery=self._delivery_cb)
+            # Positional (topic, value, key, partition, on_delivery): no keyword matching.
+            self._rd_produce(topic, value, key, _ANY_PARTITION, self._delivery_cb)
         except _REFUSALS as exc:
-            self.settle(1)
+            self._unproduce(1)
             self._refused_at = refused_at
             raise _refusal(exc, 0) from None
-        self._stats.incr(Stats.PRODUCED)
+        shared.produced += 1
 
     def produce_many(self, topic: str, key: bytes | None, values: Sequence[bytes]) -> int:
-        """As produce() for each value, in order, with one lock and one count per call."""
+        """As produce() for each value, in order, with one count per call."""
         if self._closed:
             raise ProduceError(CLOSED)
         count = len(values)
         if not count:
             return 0
-        with self._lock:  # count all first: the poll thread may deliver the first ones
-            self._outstanding += count
+        self._produced += count  # all first: the poll thread may deliver the first ones
         rd_produce, on_delivery = self._rd_produce, self._delivery_cb
         enqueued = 0
         refused_at = self._shared.generation
         try:
             for enqueued, value in enumerate(values):  # noqa: B007 (read on refusal)
-                rd_produce(topic, value, key, on_delivery=on_delivery)
+                rd_produce(topic, value, key, _ANY_PARTITION, on_delivery)
         except _REFUSALS as exc:
             # `enqueued` is the refused record's index: the ones before it stay queued.
-            self.settle(count - enqueued)
-            if enqueued:
-                self._stats.incr(Stats.PRODUCED, enqueued)
+            self._unproduce(count - enqueued)
+            self._shared.produced += enqueued
             self._refused_at = refused_at
             raise _refusal(exc, enqueued) from None
-        self._stats.incr(Stats.PRODUCED, count)
+        self._shared.produced += count
         return count
 
-    def settle(self, count: int) -> None:
-        """`count` records are no longer outstanding (delivered, failed or refused)."""
+    def _unproduce(self, count: int) -> None:
+        """`count` records counted as produced were refused: not outstanding after all."""
         with self._lock:
-            self._outstanding -= count
-            if self._outstanding or not self._waiters:
-                return
-            waiters, self._waiters = self._waiters, []
+            self._produced -= count
+            self._wake_if_done()
+
+    def settle(self, count: int) -> None:
+        """`count` records are no longer outstanding (delivered or failed); called by the
+        thread serving callbacks."""
+        with self._lock:
+            self._settled += count
+            self._wake_if_done()
+
+    def _wake_if_done(self) -> None:
+        """Under _lock: wake the flushes once nothing is outstanding."""
+        if self._produced != self._settled or not self._waiters:
+            return
+        waiters, self._waiters = self._waiters, []
         for loop, future in waiters:
             # RuntimeError: that loop is closed, so nobody is waiting any more.
             with contextlib.suppress(RuntimeError):
@@ -225,12 +250,12 @@ class ProducerHandle(Producer):
         await self._shared.wait_for_room(self._refused_at, timeout)
 
     def outstanding(self) -> int:
-        with self._lock:
-            return self._outstanding
+        # _settled is read second: it may only have grown since _produced was read.
+        return self._produced - self._settled
 
     def _on_delivery(self, error: KafkaError | None, message: Message) -> None:
         """Runs on the thread serving callbacks, once per record: only tallies."""
-        settled = self._settled
+        settled = self._settled_batch
         settled[self] = settled.get(self, 0) + 1
         if error is not None:
             self._shared.note_failure(self._session_id, error, message)
@@ -241,7 +266,7 @@ class ProducerHandle(Producer):
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
         with self._lock:
-            if not self._outstanding:
+            if self._produced == self._settled:
                 return 0
             waiter = (loop, future)
             self._waiters.append(waiter)

@@ -9,7 +9,7 @@ the same rules. (MONITOR's lines are the monitor's own format: gateway/monitor.p
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Final, TypeAlias
 
@@ -80,28 +80,33 @@ def _float_text(value: float) -> bytes:
     return repr(value).encode("ascii")
 
 
-def _encode_into(reply: Any, resp3: bool, out: list[bytes]) -> None:
+_CACHED_INTS = 1024
+_SMALL_INTS: tuple[bytes, ...] = tuple(b":%d\r\n" % n for n in range(_CACHED_INTS))
+
+
+def _encode_into(reply: Any, protocol: int, out: list[bytes]) -> None:
     # Dispatch on the exact type first: bytes, int and list are the hot cases.
     kind = type(reply)
     if kind is bytes:
         out.append(b"$%d\r\n%b\r\n" % (len(reply), reply))
     elif kind is int:
-        out.append(b":%d\r\n" % reply)
+        # RPUSHX's and RPUSH acks' counts: small, and one per pipelined command.
+        out.append(_SMALL_INTS[reply] if 0 <= reply < _CACHED_INTS else b":%d\r\n" % reply)
     elif kind is Encoded:
         out.append(reply.data)
     elif kind is list or kind is tuple:
         out.append(b"*%d\r\n" % len(reply))
         for item in reply:
-            _encode_into(item, resp3, out)
+            _encode_into(item, protocol, out)
     elif reply is None:
-        out.append(b"_\r\n" if resp3 else b"$-1\r\n")
+        out.append(b"_\r\n" if protocol >= 3 else b"$-1\r\n")
     elif isinstance(reply, SimpleString):
         out.append(b"+%b\r\n" % _line(reply))
     elif isinstance(reply, str):
         data = reply.encode("utf-8", "surrogateescape")
         out.append(b"$%d\r\n%b\r\n" % (len(data), data))
     elif isinstance(reply, bool):
-        if resp3:
+        if protocol >= 3:
             out.append(b"#t\r\n" if reply else b"#f\r\n")
         else:
             out.append(b":1\r\n" if reply else b":0\r\n")
@@ -110,28 +115,28 @@ def _encode_into(reply: Any, resp3: bool, out: list[bytes]) -> None:
     elif isinstance(reply, ErrorReply):
         out.append(b"-%b\r\n" % _line(reply.text))
     elif reply is NULL_ARRAY:
-        out.append(b"_\r\n" if resp3 else b"*-1\r\n")
+        out.append(b"_\r\n" if protocol >= 3 else b"*-1\r\n")
     elif isinstance(reply, float):
         text = _float_text(reply)
-        if resp3:
+        if protocol >= 3:
             out.append(b",%b\r\n" % text)
         else:
             out.append(b"$%d\r\n%b\r\n" % (len(text), text))
     elif isinstance(reply, dict):
-        if resp3:
+        if protocol >= 3:
             out.append(b"%%%d\r\n" % len(reply))
         else:
             out.append(b"*%d\r\n" % (2 * len(reply)))
         for key, value in reply.items():
-            _encode_into(key, resp3, out)
-            _encode_into(value, resp3, out)
+            _encode_into(key, protocol, out)
+            _encode_into(value, protocol, out)
     elif isinstance(reply, bytes | bytearray | memoryview):
         data = bytes(reply)
         out.append(b"$%d\r\n%b\r\n" % (len(data), data))
     elif isinstance(reply, list | tuple):
         out.append(b"*%d\r\n" % len(reply))
         for item in reply:
-            _encode_into(item, resp3, out)
+            _encode_into(item, protocol, out)
     else:
         raise TypeError(f"cannot encode {kind.__name__} as a RESP reply: {reply!r}")
 
@@ -146,19 +151,18 @@ def encode(reply: Reply, protocol: int = 2) -> bytes:
     RESP3 double ``,`` / RESP2 bulk of the same text. Values nest.
     """
     out: list[bytes] = []
-    _encode_into(reply, protocol >= 3, out)
+    _encode_into(reply, protocol, out)
     return out[0] if len(out) == 1 else b"".join(out)
 
 
-def encode_into(reply: Reply, protocol: int, out: list[bytes]) -> None:
-    """Append the encoding of ``reply`` to ``out`` (join the parts for one write)."""
-    _encode_into(reply, protocol >= 3, out)
+# encode_into(reply, protocol, out): append the encoding of `reply` to `out` (join the
+# parts for one write). The implementation itself: one call per pipelined reply.
+encode_into: Callable[[Reply, int, list[bytes]], None] = _encode_into
 
 
 def encode_many(replies: Iterable[Reply], protocol: int) -> bytes:
     """Encode several replies into one buffer, for one write."""
     out: list[bytes] = []
-    resp3 = protocol >= 3
     for reply in replies:
-        _encode_into(reply, resp3, out)
+        _encode_into(reply, protocol, out)
     return b"".join(out)

@@ -153,12 +153,18 @@ def test_property_a_stream_that_never_ends_a_command_is_cut(
             assert with_error, "the endless command was never refused"
 
 
+_RPUSHX = b"*3\r\n$6\r\nRPUSHX\r\n$8\r\ntopics:t\r\n$100\r\n" + b"x" * 100 + b"\r\n"
 HUGE_AGGREGATES = [
     b"*2147483647\r\n",  # a command announcing 2^31 - 1 arguments
     b"*1\r\n$4\r\nPING\r\n*2147483647\r\n",  # behind a command hiredis takes
     b"*1\r\n*2147483647\r\n",  # nested
     b"*2\r\n$4\r\nPING\r\n%2147483647\r\n",  # a RESP3 map where a bulk belongs
     b"*1\r\n$4\r\nPING\r\n" * 5000 + b"*-2147483647\r\n",  # past hiredis's first step
+    # Commands of ordinary size (aggregate chars sparse: judged one by one) ...
+    _RPUSHX * 200 + b"*2147483647\r\n",
+    _RPUSHX * 200 + b"*2\r\n$4\r\nPING\r\n%+2147483647\r\n",
+    # ... and data dense with aggregate chars (every run of digits is looked at instead).
+    _RPUSHX.replace(b"x" * 100, b"*%~>|" * 20) * 200 + b"*2147483647\r\n",
 ]
 
 

@@ -235,8 +235,11 @@ def test_large_bulk_in_small_reads(make: MakeParser) -> None:
 
 
 def test_many_pipelined_commands_in_one_read(make: MakeParser) -> None:
-    # More than hiredis is fed at once (64 KiB), with reads ending mid-command.
+    # More than hiredis is fed at once (8 KiB), with reads ending mid-command; values
+    # longer than the fast path's cached headers (4096) and than one step among them.
     commands = [[b"RPUSHX", b"topics:t", b"%06d" % i + b"x" * 100] for i in range(3000)]
+    commands[1000][2] = b"y" * 5000
+    commands[2000][2] = b"z" * 20000
     data = b"".join(multibulk(*c) for c in commands)
     assert feed_pieces(make(), [data]) == (commands, None)
     pieces = [data[i : i + 65536] for i in range(0, len(data), 65536)]
