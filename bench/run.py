@@ -408,7 +408,7 @@ def gateway_consume(
     port: int, topic: str, group: str, records: int, settle: float
 ) -> tuple[float, list[Position]]:
     """Records/s of redis-py BLPOP, one record per call, after the first record."""
-    client = redis.Redis(port=port, client_name=f"{group}:bench")
+    client = redis.Redis(port=port, client_name=f"{group}:bench", socket_timeout=60)
     key = f"topics:{topic}"
     got: list[Position] = []
     first: Any = client.blpop([key], timeout=30)  # the group join, not timed
@@ -437,7 +437,7 @@ def gateway_consume_batch(
     port: int, topic: str, group: str, records: int, count: int, settle: float
 ) -> tuple[float, list[Position]]:
     """Records/s of redis-py BLMPOP ... COUNT `count`, after the first record."""
-    client = redis.Redis(port=port, client_name=f"{group}:bench")
+    client = redis.Redis(port=port, client_name=f"{group}:bench", socket_timeout=60)
     key = f"topics:{topic}"
     got: list[Position] = []
     first = client.blmpop(30, 1, key, direction="LEFT", count=1)  # the join, not timed
