@@ -4,7 +4,8 @@ The plain consumer (`consumer.py`) takes every record of its topics as fast as t
 as C does. A gateway must not: a group member may be slow, and whatever it has not taken
 would pile up in memory. The reader keeps, per partition, a position and a *credit* (how
 many records the owner can take now) and asks the stores and producers for exactly that
-much: FETCH(next, min(credit, known head - next + 1)). Live RECORDs are taken directly when
+much: FETCH(next, min(credit, known head - next + 1)); credit granted while a FETCH is
+under way is fetched at once, past it (overlapping FETCHes). Live RECORDs are taken directly when
 they are the next one and there is credit (the low-latency path: no FETCH, no store). A
 live RECORD past a gap is *held* if it falls within the cursor's credit (next .. next +
 credit - 1, room the owner already gave), only the gap is fetched, and the held records
@@ -287,9 +288,14 @@ class _Actor:
 
     def _cmd_grant(self, key: Hashable, credit: int) -> None:
         cursor = self.cursors.get(key)
-        if cursor is not None:
-            cursor.credit += credit
-            self._pump(cursor, now_ms())
+        if cursor is None:
+            return
+        cursor.credit += credit
+        now = now_ms()
+        if cursor.fetch_end > cursor.next and cursor.fetch_until > now and cursor.credit > 0:
+            self._extend(cursor, now)
+        else:
+            self._pump(cursor, now)
 
     def _cmd_drop(self, key: Hashable) -> None:
         cursor = self.cursors.pop(key, None)
@@ -421,17 +427,35 @@ class _Actor:
             count = min(count, first - cursor.next)  # only the gap: the rest is here
         if cursor.fresh:
             count = max(count, MAX_FETCH // 10)  # the oldest kept record may be far ahead
+        self._fetch(cursor, cursor.next, count, now)
+
+    def _extend(self, cursor: _Cursor, now: int) -> None:
+        """A FETCH is under way and the owner granted more: ask at once for what the new
+        credit covers past it, so that the stores' answers keep coming instead of
+        stopping for a round trip after each FETCH. Answers come in order from each
+        sender, so the second FETCH's records follow the first's; if the first is lost,
+        its timeout asks again from `next` (the second's early answers are dropped)."""
+        start = cursor.fetch_end
+        end = min(cursor.next + cursor.credit, cursor.part.head + 1, start + MAX_FETCH)
+        for seq in cursor.held:
+            if seq >= start:
+                end = min(end, seq)  # up to the first held record past it
+        if end > start:
+            self._fetch(cursor, start, end - start, now)
+
+    def _fetch(self, cursor: _Cursor, start: int, count: int, now: int) -> None:
+        part = cursor.part
         self._send(
             proto.Message(
                 proto.FETCH,
                 part.address.encode(),
                 address=self.uuid,
                 subject=part.subject,
-                sequence=cursor.next,
+                sequence=start,
                 count=count,
             )
         )
-        cursor.fetch_end = cursor.next + count
+        cursor.fetch_end = start + count
         cursor.fetch_until = now + self.retry
         self.fetching.add(cursor)
 

@@ -168,3 +168,24 @@ def test_a_jump_to_the_oldest_kept_record_delivers_the_held_ones_after_it(
     assert owner.records(3) == [record(5), record(6), record(7)]
     live(test_peer, 8)
     assert owner.records(1) == [record(8)]
+
+
+def test_credit_granted_during_a_fetch_is_fetched_at_once_past_it(
+    reader: Reader, test_peer: TestPeer, owner: Owner
+) -> None:
+    """Records 0..19 stored (head known), credit 4: FETCH 0..3. Two answered, 2 more
+    granted: FETCH 4..5 goes before the first FETCH is done (the stores' answers need not
+    stop for a round trip), and everything arrives once, in order."""
+    reader.start(CURSOR, "hello", test_peer.address, 0, 4, 1, head=19, jump=False)
+    expect_fetch(test_peer, 0, 4)
+    answer(test_peer, reader, 0, 1)
+    assert owner.records(2) == [record(0), record(1)]
+    reader.grant(CURSOR, 2)
+    expect_fetch(test_peer, 4, 2)
+    answer(test_peer, reader, 2, 3, 4, 5)
+    answer(test_peer, reader, 2, 3, 4, 5)  # a second store's answers: dropped
+    assert owner.records(4) == [record(seq) for seq in range(2, 6)]
+    reader.grant(CURSOR, 3)  # nothing under way: a plain FETCH
+    expect_fetch(test_peer, 6, 3)
+    answer(test_peer, reader, 6, 7, 8)
+    assert owner.records(3) == [record(6), record(7), record(8)]
