@@ -181,6 +181,7 @@ class _Actor:
         self.parts: dict[tuple[str, str], _Partition] = {}
         self.cursors: dict[Hashable, _Cursor] = {}
         self.events: list[Event] = []
+        self.head_events: dict[_Partition, int] = {}  # where each one's is in `events`
         self.fetching: set[_Cursor] = set()
         self.heads = HeadsSchedule(owner._heads_interval)
 
@@ -219,6 +220,7 @@ class _Actor:
             apply_events(beacon.tick(now), self.sub)
             if self.events:
                 batch, self.events = self.events, []
+                self.head_events.clear()
                 self.owner._sink(batch)
 
     def _commands(self, pipe: zmq.Socket) -> bool:
@@ -346,7 +348,13 @@ class _Actor:
         if head <= part.head:
             return False
         part.head = head
-        self.events.append(("head", part.subject, part.address, head))
+        event = ("head", part.subject, part.address, head)
+        index = self.head_events.get(part)
+        if index is None:
+            self.head_events[part] = len(self.events)
+            self.events.append(event)
+        else:  # one head event per partition and batch (each live record moves it)
+            self.events[index] = event
         return True
 
     def _on_record(self, msg: proto.Message, direct: bool) -> None:
