@@ -58,6 +58,7 @@ import argparse
 import asyncio
 import json
 import multiprocessing
+import os
 import re
 import shlex
 import socket
@@ -92,7 +93,7 @@ from tests.support.waiting import wait_until
 SIZE = 100  # bytes per record
 VALUE = "x" * SIZE
 PADDING = b"x" * (SIZE - 8)
-PERCENTILES = (50, 90, 99)
+PERCENTILES: tuple[float, ...] = (50, 90, 99, 99.9)
 TOOL_TIMEOUT = 180.0  # seconds a Dafka perf tool may run before it is given up on
 WARM_UP_RECORDS = 8  # per Dafka topic, produced and made durable before any timing
 
@@ -793,7 +794,7 @@ class DafkaBench:
         program = self.tool(self.from_start, "dafka-perf-consumer", str(count), str(SIZE))
         return self.msg_per_s(self.finish(program))
 
-    def perf_latency(self, rate: int, count: int) -> dict[int, float]:
+    def perf_latency(self, rate: int, count: int) -> dict[float, float]:
         """Percentiles (µs) of dafka-perf-consumer --latency next to dafka-perf-store
         --rate --timestamp (the consumer joins during perf-store's start delay)."""
         consumer = self.tool(self.live, "dafka-perf-consumer", "--latency", str(count), str(SIZE))
@@ -866,7 +867,7 @@ class DafkaBench:
 
     def latency(
         self, topic: str, rate: int, warm_up: float, seconds: float, window: int
-    ) -> tuple[dict[int, float], float, float]:
+    ) -> tuple[dict[float, float], float, float]:
         """Produce-to-BLPOP percentiles (µs) of the records after `warm_up` seconds, with
         `window` BLPOPs in flight on one connection (1: one at a time; -N: one
         `BLMPOP ... COUNT N` at a time); the rates the producer and the consumer (first
@@ -1009,7 +1010,7 @@ def dafka_bench(args: argparse.Namespace, problems: Problems) -> None:
             ceiling_row(ceiling)
             print(
                 "\n(latency: dafka-perf-consumer's percentiles are over all its records, "
-                "warm-up included; ratios are gateway/perf tools at p50/p90/p99)"
+                "warm-up included; ratios are gateway/perf tools at p50/p90/p99/p99.9)"
             )
             for rate, windows in args.latency.items():
                 dafka_latency(bench, args, rate, windows)
@@ -1028,8 +1029,8 @@ def dafka_latency(
         f"medians of {runs} runs",
         flush=True,
     )
-    ours: dict[int, list[tuple[dict[int, float], float]]] = {window: [] for window in windows}
-    reference: list[dict[int, float]] = []
+    ours: dict[int, list[tuple[dict[float, float], float]]] = {window: [] for window in windows}
+    reference: list[dict[float, float]] = []
     for run in range(runs):
         reference.append(bench.perf_latency(rate, int(rate * (warm + seconds))))
         notes = []
@@ -1043,7 +1044,8 @@ def dafka_latency(
                 f"{consumed:,.0f}/s consumed)"
             )
         print(
-            f"  run {run + 1}: " + "; ".join(notes) + f"; perf tools {latency_text(reference[-1])}",
+            f"  run {run + 1}: " + "; ".join(notes) + f"; perf tools {latency_text(reference[-1])}"
+            f" (load average {os.getloadavg()[0]:.1f})",
             flush=True,
         )
     theirs = median_percentiles(reference)
@@ -1067,12 +1069,12 @@ def window_label(window: int) -> str:
     return "one BLPOP at a time" if window == 1 else f"{window} BLPOPs in flight"
 
 
-def median_percentiles(runs: Sequence[dict[int, float]]) -> dict[int, float]:
+def median_percentiles(runs: Sequence[dict[float, float]]) -> dict[float, float]:
     return {pct: statistics.median(run[pct] for run in runs) for pct in PERCENTILES}
 
 
-def latency_text(figures: dict[int, float]) -> str:
-    return " ".join(f"p{pct} {figures[pct] / 1000:.1f} ms" for pct in PERCENTILES)
+def latency_text(figures: dict[float, float]) -> str:
+    return " ".join(f"p{pct:g} {figures[pct] / 1000:.2f} ms" for pct in PERCENTILES)
 
 
 def latency_runs(text: str) -> dict[int, list[int]]:

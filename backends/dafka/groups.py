@@ -184,9 +184,9 @@ class Group:
         previous = part.owner
         part.owner = owner
         if previous is not None:
-            previous.owned.discard(part)
+            previous.disown(part)
         if owner is not None:
-            owner.owned.add(part)
+            owner.own(part)
         if part.started and part.position > part.acked:
             # Handed out and not acked: the new owner gets them again.
             log.info(
@@ -316,6 +316,7 @@ class Member(Consumer):
         self.topic_set = frozenset(self.topics)  # membership in constant time
         self.reset = reset
         self.owned: set[_Partition] = set()
+        self._sorted: list[_Partition] | None = None  # `owned` in order, kept until it changes
         self.join_order = next(_joins)
         self._turn = 0
         self._waiter: asyncio.Future[None] | None = None
@@ -324,12 +325,24 @@ class Member(Consumer):
         # Called once closed (the engine forgets the member then).
         self.on_closed: Callable[[Member], None] | None = None
 
+    def own(self, part: _Partition) -> None:
+        self.owned.add(part)
+        self._sorted = None
+
+    def disown(self, part: _Partition) -> None:
+        self.owned.discard(part)
+        self._sorted = None
+
     def rotation(self) -> list[_Partition]:
-        parts = sorted(self.owned, key=lambda p: (p.topic, p.number))
-        if not parts:
+        """The owned partitions, starting one further each call (every BLPOP calls it:
+        sorted once per change of ownership, not per call)."""
+        parts = self._sorted
+        if parts is None:
+            parts = self._sorted = sorted(self.owned, key=lambda p: (p.topic, p.number))
+        if len(parts) <= 1:
             return parts
-        self._turn = (self._turn + 1) % len(parts)
-        return parts[self._turn :] + parts[: self._turn]
+        self._turn = turn = (self._turn + 1) % len(parts)
+        return parts[turn:] + parts[:turn]
 
     def wake(self) -> None:
         waiter = self._waiter

@@ -4,9 +4,14 @@ The plain consumer (`consumer.py`) takes every record of its topics as fast as t
 as C does. A gateway must not: a group member may be slow, and whatever it has not taken
 would pile up in memory. The reader keeps, per partition, a position and a *credit* (how
 many records the owner can take now) and asks the stores and producers for exactly that
-much: FETCH(next, min(credit, known head - next + 1)). Live RECORDs are taken directly when
-they are the next one and there is credit (the low-latency path); anything else is
-dropped and fetched when there is room. Nothing is buffered here.
+much: FETCH(next, min(credit, known head - next + 1)); credit granted while a FETCH is
+under way is fetched at once, past it (overlapping FETCHes). Live RECORDs are taken directly when
+they are the next one and there is credit (the low-latency path: no FETCH, no store). A
+live RECORD past a gap is *held* if it falls within the cursor's credit (next .. next +
+credit - 1, room the owner already gave), only the gap is fetched, and the held records
+follow as soon as the gap is filled: a cursor that fell behind while records keep coming
+gets back on the live path instead of fetching every record from then on. Anything else
+is dropped and fetched when there is room. A cursor holds at most `credit` records.
 
 One reader serves many readers of one partition (a gateway's consumer groups): each is a
 *cursor* with its own position and credit; a record reaching the reader goes to every
@@ -58,6 +63,7 @@ class _Cursor:
         "fetch_until",
         "fresh",
         "generation",
+        "held",
         "key",
         "next",
         "part",
@@ -77,6 +83,8 @@ class _Cursor:
         self.generation = 0
         self.fetch_end = 0  # a FETCH asked for records up to here (exclusive)
         self.fetch_until = 0  # ms; after this the FETCH counts as lost
+        # Live records past a gap, by sequence, all in next+1 .. next+credit-1.
+        self.held: dict[int, bytes] = {}
 
 
 class _Partition:
@@ -173,6 +181,7 @@ class _Actor:
         self.parts: dict[tuple[str, str], _Partition] = {}
         self.cursors: dict[Hashable, _Cursor] = {}
         self.events: list[Event] = []
+        self.head_events: dict[_Partition, int] = {}  # where each one's is in `events`
         self.fetching: set[_Cursor] = set()
         self.heads = HeadsSchedule(owner._heads_interval)
 
@@ -204,11 +213,14 @@ class _Actor:
                 if cursor.fresh and cursor.candidate > cursor.next:
                     # What was asked for is gone (retention): start at the oldest kept.
                     cursor.next, cursor.fresh, cursor.candidate = cursor.candidate, False, -1
+                    if cursor.next in cursor.held:
+                        self._deliver(cursor, cursor.next, cursor.held.pop(cursor.next))
                 cursor.fetch_end = 0  # lost or partly answered: ask again
                 self._pump(cursor, now)
             apply_events(beacon.tick(now), self.sub)
             if self.events:
                 batch, self.events = self.events, []
+                self.head_events.clear()
                 self.owner._sink(batch)
 
     def _commands(self, pipe: zmq.Socket) -> bool:
@@ -273,13 +285,19 @@ class _Actor:
         cursor.credit = credit
         cursor.generation = generation
         cursor.fetch_end = 0
+        cursor.held.clear()
         self._pump(cursor, now_ms())
 
     def _cmd_grant(self, key: Hashable, credit: int) -> None:
         cursor = self.cursors.get(key)
-        if cursor is not None:
-            cursor.credit += credit
-            self._pump(cursor, now_ms())
+        if cursor is None:
+            return
+        cursor.credit += credit
+        now = now_ms()
+        if cursor.fetch_end > cursor.next and cursor.fetch_until > now and cursor.credit > 0:
+            self._extend(cursor, now)
+        else:
+            self._pump(cursor, now)
 
     def _cmd_drop(self, key: Hashable) -> None:
         cursor = self.cursors.pop(key, None)
@@ -321,34 +339,74 @@ class _Actor:
         return True
 
     def _on_head(self, part: _Partition, head: int) -> None:
-        if head > part.head:
-            part.head = head
-            self.events.append(("head", part.subject, part.address, head))
+        if self._new_head(part, head):
             now = now_ms()
             for cursor in part.cursors.values():
                 self._pump(cursor, now)
 
+    def _new_head(self, part: _Partition, head: int) -> bool:
+        if head <= part.head:
+            return False
+        part.head = head
+        event = ("head", part.subject, part.address, head)
+        index = self.head_events.get(part)
+        if index is None:
+            self.head_events[part] = len(self.events)
+            self.events.append(event)
+        else:  # one head event per partition and batch (each live record moves it)
+            self.events[index] = event
+        return True
+
     def _on_record(self, msg: proto.Message, direct: bool) -> None:
         part = self._part(msg.subject, msg.address)
         seq = msg.sequence
-        if seq > part.head:
-            self._on_head(part, seq)
+        # The head moves first, but nothing is fetched before the record is offered: a
+        # live record that is a cursor's next one must not be fetched too.
+        moved = self._new_head(part, seq)
+        now = -1
         for cursor in part.cursors.values():
             if cursor.credit <= 0:
                 continue
-            if seq != cursor.next:
-                if direct and cursor.fresh and seq > cursor.next:
-                    cursor.candidate = seq if cursor.candidate < 0 else min(cursor.candidate, seq)
-                continue
-            cursor.candidate = -1
-            cursor.fresh = False
-            cursor.next = seq + 1
-            cursor.credit -= 1
-            self.events.append(("record", cursor.key, seq, msg.content, cursor.generation))
-            if cursor.next >= cursor.fetch_end or cursor.credit <= 0:
+            if seq == cursor.next:
+                self._deliver(cursor, seq, msg.content)
+                if cursor.next < cursor.fetch_end and cursor.credit > 0:
+                    continue  # the rest of its FETCH is on its way
                 # Done, or out of credit: the rest of its answers would be dropped.
                 self.fetching.discard(cursor)
-                self._pump(cursor, now_ms())
+            elif seq > cursor.next:
+                if direct:
+                    if cursor.fresh:
+                        candidate = cursor.candidate
+                        cursor.candidate = seq if candidate < 0 else min(candidate, seq)
+                elif seq < cursor.next + cursor.credit:
+                    cursor.held[seq] = msg.content
+                if not moved:
+                    continue  # nothing new to fetch
+            else:
+                continue  # a second answer, or one from before a rewind
+            if now < 0:
+                now = now_ms()
+            self._pump(cursor, now)
+
+    def _deliver(self, cursor: _Cursor, seq: int, content: bytes) -> None:
+        """Hand `seq`, the cursor's next record, to the owner, then the held records that
+        follow it."""
+        cursor.candidate = -1
+        cursor.fresh = False
+        held = cursor.held
+        events = self.events
+        key, generation = cursor.key, cursor.generation
+        while True:
+            cursor.next = seq + 1
+            cursor.credit -= 1
+            events.append(("record", key, seq, content, generation))
+            if not held:
+                return
+            held.pop(seq, None)  # the same record, fetched before it came live
+            seq += 1
+            if cursor.credit <= 0 or seq not in held:
+                return
+            content = held.pop(seq)
 
     # -- outgoing -----------------------------------------------------------------------
 
@@ -368,19 +426,44 @@ class _Actor:
         if cursor.fetch_end > cursor.next and cursor.fetch_until > now:
             return
         count = min(cursor.credit, part.head - cursor.next + 1, MAX_FETCH)
+        if cursor.held:
+            first = min(cursor.held)
+            if first < cursor.next:  # filled by a fetch, or left behind by a jump
+                for seq in [seq for seq in cursor.held if seq < cursor.next]:
+                    del cursor.held[seq]
+                first = min(cursor.held, default=cursor.next + count)
+            count = min(count, first - cursor.next)  # only the gap: the rest is here
         if cursor.fresh:
             count = max(count, MAX_FETCH // 10)  # the oldest kept record may be far ahead
+        self._fetch(cursor, cursor.next, count, now)
+
+    def _extend(self, cursor: _Cursor, now: int) -> None:
+        """A FETCH is under way and the owner granted more: ask at once for what the new
+        credit covers past it, so that the stores' answers keep coming instead of
+        stopping for a round trip after each FETCH. Answers come in order from each
+        sender, so the second FETCH's records follow the first's; if the first is lost,
+        its timeout asks again from `next` (the second's early answers are dropped)."""
+        start = cursor.fetch_end
+        end = min(cursor.next + cursor.credit, cursor.part.head + 1, start + MAX_FETCH)
+        for seq in cursor.held:
+            if seq >= start:
+                end = min(end, seq)  # up to the first held record past it
+        if end > start:
+            self._fetch(cursor, start, end - start, now)
+
+    def _fetch(self, cursor: _Cursor, start: int, count: int, now: int) -> None:
+        part = cursor.part
         self._send(
             proto.Message(
                 proto.FETCH,
                 part.address.encode(),
                 address=self.uuid,
                 subject=part.subject,
-                sequence=cursor.next,
+                sequence=start,
                 count=count,
             )
         )
-        cursor.fetch_end = cursor.next + count
+        cursor.fetch_end = start + count
         cursor.fetch_until = now + self.retry
         self.fetching.add(cursor)
 

@@ -327,27 +327,38 @@ async def _next(
     stop = session.ctx.shutdown_started
     if stop.done():
         raise errors.server_shutdown()
-    wait: asyncio.Future[Record | None] | asyncio.Future[Sequence[Record]]
-    if count is None:
-        wait = asyncio.ensure_future(consumer.next(timeout))
-    else:
-        wait = asyncio.ensure_future(consumer.next_batch(count, timeout))
+    # The consumer is awaited in this task (the connection's), not in one of its own: a
+    # record handed to the consumer is answered in the next loop pass, not two passes
+    # later. The shutdown cancels this task; the client going away does too (the
+    # connection's teardown), and then the BLPOP is not answered at all.
+    task = asyncio.current_task()
+    assert task is not None
+    stopping = False
 
     def stop_waiting(_: object) -> None:
-        # Does nothing when the record is already there: a record that arrived together
-        # with the shutdown is still handed out.
-        wait.cancel()
+        nonlocal stopping
+        stopping = True
+        task.cancel()
 
     # A callback on the shutdown future instead of asyncio.wait((wait, stop)): the same
     # outcome with less machinery per BLPOP.
     stop.add_done_callback(stop_waiting)
+    got: Record | Sequence[Record] | None
     try:
-        got = await wait
+        if count is None:
+            got = await consumer.next(timeout)
+        else:
+            got = await consumer.next_batch(count, timeout)
     except asyncio.CancelledError:
-        task = asyncio.current_task()
-        if not wait.cancelled() or (task is not None and task.cancelling()):
+        if not stopping or task.uncancel() > 0:
             raise  # this BLPOP itself was cancelled (client gone): not a shutdown
-        raise errors.server_shutdown() from None
+        # A record that arrived together with the shutdown is still handed out.
+        try:
+            got = consumer.next_ready() if count is None else consumer.take_ready(count)
+        except ConsumeError:
+            got = None
+        if not got:
+            raise errors.server_shutdown() from None
     except ConsumeError as error:
         raise errors.from_engine(error) from None
     finally:

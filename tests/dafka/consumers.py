@@ -8,12 +8,14 @@ from collections.abc import Callable, Iterable
 
 from backends.dafka import proto
 from backends.dafka.consumer import Consumer
+from backends.dafka.node import Node
+from backends.dafka.reader import Reader
 from backends.dafka.test_peer import TestPeer
 
 ConsumerFactory = Callable[..., Consumer]
 
 
-def link(peer: TestPeer, consumer: Consumer) -> None:
+def link(peer: TestPeer, consumer: Node) -> None:
     """Wait until both directions between the peer and the consumer carry messages.
 
     The consumer's subscription on the peer's XPUB proves peer → consumer; a STORE_HELLO
@@ -32,7 +34,9 @@ def link(peer: TestPeer, consumer: Consumer) -> None:
             assert time.monotonic() < deadline, "the consumer never answered a STORE_HELLO"
 
 
-def subscribe(peer: TestPeer, consumer: Consumer, topic: str, earliest: bool = True) -> None:
+def subscribe(
+    peer: TestPeer, consumer: Consumer | Reader, topic: str, earliest: bool = True
+) -> None:
     """Subscribe and wait until the peer's XPUB forwards the topic's RECORDs and HEADs
     (upstream: "a subscription to topic T" + sleep)."""
     consumer.subscribe(topic)

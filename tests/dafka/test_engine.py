@@ -221,6 +221,41 @@ def test_a_live_member_that_never_acks_keeps_receiving_past_the_buffer(network: 
     run(body())
 
 
+def test_a_member_falling_behind_live_records_gets_each_once_and_in_order(
+    network: Config,
+) -> None:
+    """A buffer of 20 records, produced 2 at a time while the member takes them, up to 30
+    in front of it: its partition's credit runs out and comes back while records keep
+    coming, so the reader takes some live, drops those it has no room for and fetches them
+    from the producer and the store later, holds live ones that come past a gap, and
+    fetches more while a FETCH is under way (counted with a probe: about 270 live, 530
+    held, 700 fetched, 350 dropped). Whatever the interleaving, every record comes once
+    and in order."""
+    buffer, chunk, ahead = 20, 2, 30
+
+    async def body() -> None:
+        async with engine_on(network, consume_batch=buffer, partitions=1) as engine:
+            member = await engine.consumer("g", "c", ["t"], {"auto.offset.reset": "earliest"})
+            producer = engine.producer("s1")
+            values = [b"%04d" % i for i in range(1500)]
+            # The partition's first records: its writer is started and past its settle
+            # time, and the member's cursor is there, before the rest goes live.
+            producer.produce_many("t", None, values[:chunk])
+            got = await take(member, chunk)
+            produced = chunk
+            while len(got) < len(values):
+                while produced < len(values) and produced - len(got) < ahead:
+                    producer.produce_many("t", None, values[produced : produced + chunk])
+                    produced += chunk
+                got += await take(member, 1)
+            assert [r.offset for r in got] == list(range(len(values)))
+            assert [r.value for r in got] == values
+            assert await producer.flush(WAIT) == 0
+            await member.close()
+
+    run(body())
+
+
 def test_dump_reports_what_no_store_acknowledged(dafka_config: Config, tower: Tower) -> None:
     async def body() -> None:
         store = await asyncio.to_thread(Store, dafka_config, zmq.Context.instance())

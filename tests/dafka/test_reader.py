@@ -1,0 +1,191 @@
+"""The gateway's reader actor (`reader.py`) against a test peer playing the partition's
+producer and a store: live records are delivered without a FETCH, a gap is fetched alone
+while the live records behind it are held (within the credit), and whatever order the
+live records, the FETCH answers and a second store's late answers come in, every record
+reaches the owner once and in order."""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Iterator
+
+import pytest
+import zmq
+
+from backends.dafka import proto
+from backends.dafka.config import Config
+from backends.dafka.reader import Event, Reader
+from backends.dafka.test_peer import TestPeer
+from tests.dafka.consumers import link, subscribe
+
+CURSOR = ("group", "hello", "partition")
+WAIT = 5.0
+
+
+class Owner:
+    """The reader's sink: the events it hands over, in order, for the test to take."""
+
+    def __init__(self) -> None:
+        self.events: queue.Queue[Event] = queue.Queue()
+
+    def sink(self, events: list[Event]) -> None:
+        for event in events:
+            self.events.put(event)
+
+    def records(self, count: int) -> list[tuple[int, bytes]]:
+        """(sequence, content) of the next `count` records handed to the cursor."""
+        got: list[tuple[int, bytes]] = []
+        while len(got) < count:
+            try:
+                event = self.events.get(timeout=WAIT)
+            except queue.Empty:
+                raise AssertionError(
+                    f"only {len(got)} of {count} records within {WAIT:g} s: {got}"
+                ) from None
+            if event[0] == "record":
+                _, key, seq, content, generation = event
+                assert (key, generation) == (CURSOR, 1)
+                got.append((seq, content))
+        return got
+
+
+@pytest.fixture
+def owner() -> Owner:
+    return Owner()
+
+
+@pytest.fixture
+def reader(dafka_config: Config, test_peer: TestPeer, owner: Owner) -> Iterator[Reader]:
+    reader = Reader(dafka_config, owner.sink, zmq.Context.instance())
+    try:
+        link(test_peer, reader)
+        subscribe(test_peer, reader, "hello")
+        yield reader
+    finally:
+        reader.close()
+
+
+def start(reader: Reader, peer: TestPeer, credit: int, *, jump: bool = False) -> None:
+    """The cursor at 0; with `jump`, at the oldest record the stores keep if later."""
+    reader.start(CURSOR, "hello", peer.address, 0, credit, 1, jump=jump)
+
+
+def expect_fetch(peer: TestPeer, sequence: int, count: int) -> None:
+    """The next FETCH the peer gets asks for exactly `count` records from `sequence`: had
+    the reader fetched anything else first, it would come first (one connection)."""
+    fetch = peer.recv_id(proto.FETCH, WAIT)
+    assert (fetch.subject, fetch.sequence, fetch.count) == ("hello", sequence, count)
+
+
+def record(seq: int) -> tuple[int, bytes]:
+    return (seq, f"r{seq}".encode())
+
+
+def live(peer: TestPeer, *sequences: int) -> None:
+    for seq in sequences:
+        peer.send_record("hello", seq, f"r{seq}".encode())
+
+
+def answer(peer: TestPeer, reader: Reader, *sequences: int) -> None:
+    for seq in sequences:
+        peer.send_direct_record(reader.address, "hello", seq, f"r{seq}".encode())
+
+
+def test_live_records_overlapping_a_fetch_arrive_once_and_in_order(
+    reader: Reader, test_peer: TestPeer, owner: Owner
+) -> None:
+    start(reader, test_peer, credit=100)
+    live(test_peer, 0)
+    assert owner.records(1) == [record(0)]
+    live(test_peer, 4)  # 1..3 missed: only they are fetched, 4 is held
+    expect_fetch(test_peer, 1, 3)
+    live(test_peer, 5, 6)  # during the FETCH
+    answer(test_peer, reader, 1)  # the producer answers …
+    live(test_peer, 7)  # … while records keep coming
+    answer(test_peer, reader, 2, 3)
+    assert owner.records(7) == [record(seq) for seq in range(1, 8)]
+    # A second store's answers to the same FETCH, late: already delivered.
+    answer(test_peer, reader, 1, 2, 3, 4, 5)
+    live(test_peer, 8)
+    assert owner.records(1) == [record(8)], "a record delivered twice"
+    live(test_peer, 10)  # the next FETCH is for 9 alone: none was sent for 0 or 5..8
+    expect_fetch(test_peer, 9, 1)
+    answer(test_peer, reader, 9)
+    assert owner.records(2) == [record(9), record(10)]
+
+
+def test_only_records_within_the_credit_are_held(
+    reader: Reader, test_peer: TestPeer, owner: Owner
+) -> None:
+    """Credit 3: live 1 and 2 are held while 0 is fetched; 3 is past the credit, so it is
+    dropped (the owner has no room for it) and fetched once room is granted."""
+    start(reader, test_peer, credit=3)
+    live(test_peer, 1)
+    expect_fetch(test_peer, 0, 1)
+    live(test_peer, 2, 3)
+    answer(test_peer, reader, 0)
+    assert owner.records(3) == [record(0), record(1), record(2)]
+    reader.grant(CURSOR, 3)
+    expect_fetch(test_peer, 3, 1)
+    answer(test_peer, reader, 3)
+    live(test_peer, 4)
+    assert owner.records(2) == [record(3), record(4)]
+
+
+@pytest.fixture
+def quick_retry(dafka_config: Config) -> Config:
+    """A FETCH counts as lost after 100 ms (set before the reader starts)."""
+    dafka_config.set("consumer/fetch_retry_interval", 100)
+    return dafka_config
+
+
+@pytest.mark.usefixtures("quick_retry")
+def test_a_lost_fetch_asks_again_for_the_gap_only(
+    reader: Reader, test_peer: TestPeer, owner: Owner
+) -> None:
+    start(reader, test_peer, credit=10)
+    live(test_peer, 2, 3)
+    expect_fetch(test_peer, 0, 2)
+    expect_fetch(test_peer, 0, 2)  # unanswered: asked again, still not for 2 and 3
+    answer(test_peer, reader, 0, 1)
+    assert owner.records(4) == [record(seq) for seq in range(4)]
+
+
+@pytest.mark.usefixtures("quick_retry")
+def test_a_jump_to_the_oldest_kept_record_delivers_the_held_ones_after_it(
+    reader: Reader, test_peer: TestPeer, owner: Owner
+) -> None:
+    """From 0 with `jump`: the stores kept only 5 and later (retention). Live 7 is held;
+    the stores answer 5 and 6 to the FETCH for 0; once its time is up the cursor jumps
+    to 5, fetches the gap before 7, and delivers 5, 6, 7."""
+    start(reader, test_peer, credit=100, jump=True)
+    live(test_peer, 7)
+    fetch = test_peer.recv_id(proto.FETCH, WAIT)
+    assert fetch.sequence == 0
+    answer(test_peer, reader, 5, 6)
+    expect_fetch(test_peer, 5, 2)
+    answer(test_peer, reader, 5, 6)
+    assert owner.records(3) == [record(5), record(6), record(7)]
+    live(test_peer, 8)
+    assert owner.records(1) == [record(8)]
+
+
+def test_credit_granted_during_a_fetch_is_fetched_at_once_past_it(
+    reader: Reader, test_peer: TestPeer, owner: Owner
+) -> None:
+    """Records 0..19 stored (head known), credit 4: FETCH 0..3. Two answered, 2 more
+    granted: FETCH 4..5 goes before the first FETCH is done (the stores' answers need not
+    stop for a round trip), and everything arrives once, in order."""
+    reader.start(CURSOR, "hello", test_peer.address, 0, 4, 1, head=19, jump=False)
+    expect_fetch(test_peer, 0, 4)
+    answer(test_peer, reader, 0, 1)
+    assert owner.records(2) == [record(0), record(1)]
+    reader.grant(CURSOR, 2)
+    expect_fetch(test_peer, 4, 2)
+    answer(test_peer, reader, 2, 3, 4, 5)
+    answer(test_peer, reader, 2, 3, 4, 5)  # a second store's answers: dropped
+    assert owner.records(4) == [record(seq) for seq in range(2, 6)]
+    reader.grant(CURSOR, 3)  # nothing under way: a plain FETCH
+    expect_fetch(test_peer, 6, 3)
+    answer(test_peer, reader, 6, 7, 8)
+    assert owner.records(3) == [record(6), record(7), record(8)]
