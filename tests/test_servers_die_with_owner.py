@@ -88,21 +88,24 @@ OWNERS = {
     # bench/run.py's latency run: its gateway, and the paced producer it starts with
     # multiprocessing (no helper: it ends when its connection to the dead gateway breaks).
     "bench-producer": """
-        import multiprocessing, sys, tempfile, time
+        import multiprocessing, sys, tempfile
         from pathlib import Path
         import redis
         sys.path.insert(0, "bench")
         import run
         from tests.support.rafka_process import start_rafka
+        from tests.support.waiting import wait_until
         _, port = start_rafka(Path(tempfile.mkdtemp()), {"gateway": {}}, "--engine", "dafka")
         context = multiprocessing.get_context("spawn")
         achieved = context.Value("d", 0.0)
         arguments = (port, "owner", 1000, 10**9, achieved)
         context.Process(target=run.paced_produce, args=arguments, daemon=True).start()
-        stats, deadline = redis.Redis(port=port), time.monotonic() + 60
-        while int(stats.hgetall("stats").get(b"producer.delivered.messages", 0)) == 0:
-            assert time.monotonic() < deadline, "the paced producer produced nothing in 60 s"
-            time.sleep(0.05)
+        stats = redis.Redis(port=port)
+        wait_until(
+            lambda: int(stats.hgetall("stats").get(b"producer.delivered.messages", 0)) > 0,
+            60,
+            "the paced producer to deliver a record",
+        )
         """,
     # A Spark session as e2e/test_spark.py and the Spark bench make it: its JVM, and the
     # Python workers a job starts below it (PySpark's own stdin-pipe watch, no helper).
