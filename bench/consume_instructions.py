@@ -18,9 +18,7 @@ Usage: `.venv/bin/python bench/consume_instructions.py [--records N] [--tree DIR
 from __future__ import annotations
 
 import argparse
-import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -32,6 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from run import RawClient, batch_positions, fill_topic
 
+from backends.process import spawn
+from tests.support.child_process import run_to_end
 from tests.support.rafka_process import write_config
 from tests.support.tansu import TansuBroker, free_port
 from tests.support.waiting import wait_until
@@ -92,12 +92,12 @@ def gateway(tree: Path, bootstrap: str, topic: str, records: int, count: int, ou
     port = free_port()
     main = "import sys; from gateway.cli import main; sys.exit(main())"
     rafka = ["-c", str(config), "-p", str(port), "--host", "127.0.0.1"]
-    process = subprocess.Popen(
+    # Through backends.process: it dies with this bench, even a SIGKILLed one.
+    process = spawn(
         [*callgrind(out), sys.executable, "-c", main, *rafka],
+        name="rafka under callgrind",
         cwd=tree,
-        env={**os.environ, "PYTHONPATH": str(tree)},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        env={"PYTHONPATH": str(tree)},
     )
     try:
 
@@ -125,23 +125,17 @@ def gateway(tree: Path, bootstrap: str, topic: str, records: int, count: int, ou
         assert len(set(got)) == len(got), "a record came twice"
         return total(Path(f"{out}.1")) // (len(got) - 1)
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(120)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        process.stop(120)  # SIGTERM, then SIGKILL after 120 s
 
 
 def direct(bootstrap: str, topic: str, records: int, out: Path) -> int:
     """The direct consumer's instructions per record."""
     script = out.parent / "direct.py"
     script.write_text(DIRECT.format(bench=str(REPO / "bench")))
-    subprocess.run(
+    run_to_end(
         [*callgrind(out), sys.executable, str(script), bootstrap, topic, str(records)],
-        check=True,
-        stderr=subprocess.DEVNULL,
-        timeout=STARTUP,
+        STARTUP,
+        name="direct consumer under callgrind",
     )
     return total(Path(f"{out}.1")) // records
 

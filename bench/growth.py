@@ -34,7 +34,6 @@ import asyncio
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -49,6 +48,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from backends.process import ProcessError
+from tests.support.child_process import run_to_end
 from tests.support.connections import raise_open_files, rss_bytes
 from tests.support.kafka import kafka_document
 from tests.support.rafka_process import start_rafka
@@ -266,15 +267,14 @@ def direct(topics: int, groups: int, args: argparse.Namespace) -> Figures:
             *("--records", str(args.records), "--deliveries", str(args.deliveries)),
             *("--document", json.dumps(args.kafka_document)),
         ]
+        # Through backends.process: it dies with this bench, even a SIGKILLed one.
         try:
-            done = subprocess.run(
-                command, capture_output=True, text=True, timeout=args.bound, check=False
-            )
-        except subprocess.TimeoutExpired:
+            done = run_to_end(command, args.bound, check=False, name="growth_direct.py")
+        except ProcessError:
             raise RuntimeError(f"direct client not done within --bound {args.bound:g} s") from None
     if done.returncode != 0:
-        raise RuntimeError(f"direct client failed: {done.stderr.strip().splitlines()[-3:]}")
-    figures = json.loads(done.stdout.strip().splitlines()[-1])
+        raise RuntimeError(f"direct client failed: {done.stderr_lines[-3:]}")
+    figures = json.loads(done.stdout_lines[-1])
     return Figures(figures["produce"], figures["consume"], figures["rss"], figures["setup"])
 
 

@@ -60,24 +60,52 @@ OWNERS = {
         while child_running(os.getpid(), "redis-benchmark") is None:
             pass
         """,
+    # bench/growth.py's direct Kafka client (bench/growth_direct.py), mid-run, and the
+    # Tansu broker it runs against.
+    "growth-direct": """
+        import argparse, os, sys, threading
+        sys.path.insert(0, os.path.abspath("bench"))
+        import growth
+        from tests.support.processes import descendants
+        from tests.support.waiting import wait_until
+        args = argparse.Namespace(
+            records=10**9, deliveries=10**9, bound=3600.0, kafka_document={}, partitions=1
+        )
+        threading.Thread(target=growth.direct, args=(1, 1, args), daemon=True).start()
+        def direct_running():
+            # An argument naming the script: a child forked but not yet exec'd has this
+            # owner's command line, which mentions it too.
+            for pid in descendants(os.getpid()):
+                try:
+                    argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\\0")
+                except OSError:
+                    continue
+                if any(arg.endswith(b"/growth_direct.py") for arg in argv):
+                    return True
+            return False
+        wait_until(direct_running, 120, "bench/growth_direct.py to start")
+        """,
     # bench/run.py's latency run: its gateway, and the paced producer it starts with
     # multiprocessing (no helper: it ends when its connection to the dead gateway breaks).
     "bench-producer": """
-        import multiprocessing, sys, tempfile, time
+        import multiprocessing, sys, tempfile
         from pathlib import Path
         import redis
         sys.path.insert(0, "bench")
         import run
         from tests.support.rafka_process import start_rafka
+        from tests.support.waiting import wait_until
         _, port = start_rafka(Path(tempfile.mkdtemp()), {"gateway": {}}, "--engine", "dafka")
         context = multiprocessing.get_context("spawn")
         achieved = context.Value("d", 0.0)
         arguments = (port, "owner", 1000, 10**9, achieved)
         context.Process(target=run.paced_produce, args=arguments, daemon=True).start()
-        stats, deadline = redis.Redis(port=port), time.monotonic() + 60
-        while int(stats.hgetall("stats").get(b"producer.delivered.messages", 0)) == 0:
-            assert time.monotonic() < deadline, "the paced producer produced nothing in 60 s"
-            time.sleep(0.05)
+        stats = redis.Redis(port=port)
+        wait_until(
+            lambda: int(stats.hgetall("stats").get(b"producer.delivered.messages", 0)) > 0,
+            60,
+            "the paced producer to deliver a record",
+        )
         """,
     # A Spark session as e2e/test_spark.py and the Spark bench make it: its JVM, and the
     # Python workers a job starts below it (PySpark's own stdin-pipe watch, no helper).
@@ -107,12 +135,17 @@ EXPECTED = {
     "rafka": ["rafka", "towerd", "stored"],
     "redis-benchmark": ["redis-benchmark", "redis-server"],
     "bench-producer": ["rafka", "towerd", "stored", "--multiprocessing-fork"],
+    "growth-direct": ["tansu", "growth_direct.py"],
     "spark": ["java", "pyspark.daemon"],
     "dafka-network": ["towerd", "stored"],
 }
 
 
-MARKS = {"tansu": [pytest.mark.kafka], "spark": [pytest.mark.slow]}
+MARKS = {
+    "tansu": [pytest.mark.kafka],
+    "growth-direct": [pytest.mark.kafka],
+    "spark": [pytest.mark.slow],
+}
 
 
 def owner_program(setup: str) -> list[str]:
@@ -139,7 +172,7 @@ def command_line(pid: int) -> str:
 def test_servers_die_when_their_owner_is_sigkilled(
     server: str, request: pytest.FixtureRequest
 ) -> None:
-    if server == "tansu" and request.config.getoption("no_broker"):
+    if server in ("tansu", "growth-direct") and request.config.getoption("no_broker"):
         pytest.skip("needs a Kafka broker (--no-broker)")
     owner = start(
         owner_program(OWNERS[server]),

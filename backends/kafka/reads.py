@@ -34,7 +34,7 @@ from confluent_kafka import (
 )
 
 from backends.base import PartitionOffsets, ReadError, Record, UnknownPartitionError
-from backends.kafka.consumer import record_of
+from backends.kafka.records import record_of
 from backends.kafka.texts import creation_error_text, error_text
 
 T = TypeVar("T")
