@@ -133,9 +133,10 @@ class PartitionWriter:
             self._waiting = []
             engine.progress()
             return
-        waiting, self._waiting = self._waiting, []
-        if waiting:
-            self._producer.publish_many(waiting)
+        # What came while the writer started goes out the way a pass's records do, so an
+        # actor that died meanwhile counts them as delivery errors there.
+        self._pending, self._waiting = self._waiting, []
+        self.publish_pending()
 
     def publish_pending(self) -> None:
         """Hand what this pass submitted to the actor (loop thread)."""
