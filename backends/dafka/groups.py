@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import structlog
@@ -333,16 +333,20 @@ class Member(Consumer):
         self.owned.discard(part)
         self._sorted = None
 
-    def rotation(self) -> list[_Partition]:
+    def rotation(self) -> Iterator[_Partition]:
         """The owned partitions, starting one further each call (every BLPOP calls it:
-        sorted once per change of ownership, not per call)."""
+        sorted once per change of ownership, not per call). Lazily: a BLPOP usually
+        stops at the first, and copying 1,000 partitions each time was its largest cost
+        growing with the topics."""
         parts = self._sorted
         if parts is None:
             parts = self._sorted = sorted(self.owned, key=lambda p: (p.topic, p.number))
-        if len(parts) <= 1:
-            return parts
-        self._turn = turn = (self._turn + 1) % len(parts)
-        return parts[turn:] + parts[:turn]
+        count = len(parts)
+        if count <= 1:
+            return iter(parts)
+        self._turn = turn = (self._turn + 1) % count
+        # parts[turn:] then parts[:turn]: indices turn - count .. -1 are parts[turn:].
+        return map(parts.__getitem__, range(turn - count, turn))
 
     def wake(self) -> None:
         waiter = self._waiter

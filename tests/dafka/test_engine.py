@@ -21,6 +21,7 @@ from backends.dafka.producer import Producer as DafkaProducer
 from backends.dafka.settings import DafkaSettings
 from backends.dafka.store import Store
 from backends.dafka.tower import Tower
+from tests.support.waiting import wait_until_async
 
 WAIT = 10.0
 
@@ -191,6 +192,47 @@ def test_a_backlog_larger_than_the_buffer_arrives_whole_and_in_order(network: Co
             records = await take(member, len(values))
             assert [r.value for r in records] == values
             assert [r.offset for r in records] == list(range(len(values)))
+            await member.close()
+
+    run(body())
+
+
+def test_a_member_of_many_partitions_takes_from_each_in_turn_and_in_order(
+    network: Config,
+) -> None:
+    """A member owning 5 partitions, each holding records: consecutive BLPOPs go round
+    the partitions (none waits while another is drained), each partition's records in
+    offset order; batches (BLMPOP) drain every partition in order too."""
+    topics = [f"t{i}" for i in range(5)]
+
+    async def body() -> None:
+        async with engine_on(network, partitions=1) as engine:
+            producer = engine.producer("s1")
+            for topic in topics:
+                producer.produce_many(
+                    topic, None, [b"%s-%d" % (topic.encode(), i) for i in range(6)]
+                )
+            assert await producer.flush(WAIT) == 0
+            member = await engine.consumer("g", "c", topics, {"auto.offset.reset": "earliest"})
+            await wait_until_async(
+                lambda: len(member.owned) == 5 and all(len(p.buffer) == 6 for p in member.owned),
+                WAIT,
+                "every partition's 6 records buffered for the member",
+            )
+            singles = [member.next_ready() for _ in range(15)]
+            assert all(r is not None for r in singles)
+            turns = [r.topic for r in singles if r is not None]
+            assert sorted(turns[:5]) == topics, f"a partition skipped in the first round: {turns}"
+            assert turns == turns[:5] * 3, f"not one record per partition per round: {turns}"
+            batches = [member.take_ready(4) for _ in range(10)]
+            assert all(len(b) <= 4 for b in batches)
+            got = [r for r in singles if r is not None] + [r for b in batches for r in b]
+            assert len(got) == 30
+            for topic in topics:
+                mine = [r for r in got if r.topic == topic]
+                assert [r.offset for r in mine] == list(range(6)), topic
+                assert [r.value for r in mine] == [b"%s-%d" % (topic.encode(), i) for i in range(6)]
+            assert member.next_ready() is None
             await member.close()
 
     run(body())
