@@ -238,6 +238,54 @@ def test_a_member_of_many_partitions_takes_from_each_in_turn_and_in_order(
     run(body())
 
 
+def test_a_partition_moved_away_with_records_buffered_is_served_only_by_its_new_owner(
+    network: Config,
+) -> None:
+    """A member holding records of 4 partitions (each waiting its turn) loses 2 of them to
+    a new member while they still hold records: it takes only from the 2 it keeps, the new
+    owner gets the rest of the others, every record once, each partition in offset order."""
+
+    async def body() -> None:
+        async with engine_on(network, partitions=4) as engine:
+            producer = engine.producer("s1")
+            for i in range(80):
+                producer.produce("t", b"key-%d" % i, b"%d" % i)
+            assert await producer.flush(WAIT) == 0
+            first = await engine.consumer("g", "c1", ["t"], {"auto.offset.reset": "earliest"})
+            await wait_until_async(
+                lambda: (
+                    len(first.owned) == 4
+                    and sum(len(p.buffer) for p in first.owned) == 80
+                    and all(p.buffer for p in first.owned)
+                ),
+                WAIT,
+                "the 80 records of 4 partitions buffered for the first member",
+            )
+            early = [await take(first, 1) for _ in range(4)]  # one of each, acked
+            assert len({r[0].partition for r in early}) == 4
+            got = [r for rs in early for r in rs]
+            # Acked up to what was taken: the moved partitions keep their buffered records.
+            second = await engine.consumer("g", "c2", ["t"], {})
+            kept = {p.number for p in first.owned}
+            assert len(kept) == 2
+            rest: list[Record] = []
+            while (record := first.next_ready()) is not None:
+                rest.append(record)
+            assert {r.partition for r in rest} <= kept, "taken from a partition moved away"
+            moved = await take(second, 80 - len(got) - len(rest))
+            assert {r.partition for r in moved}.isdisjoint(kept)
+            for member_records in (got + rest, moved):
+                for number in range(4):
+                    offsets = [r.offset for r in member_records if r.partition == number]
+                    assert offsets == sorted(set(offsets)), f"partition {number}: {offsets}"
+            assert sorted(int(r.value or b"") for r in got + rest + moved) == list(range(80))
+            assert await second.next(0.2) is None, "a record delivered twice to the new owner"
+            await second.close()
+            await first.close()
+
+    run(body())
+
+
 def test_a_live_member_that_never_acks_keeps_receiving_past_the_buffer(network: Config) -> None:
     """A member joined before the records, taking them without acks: acks only commit, so
     it must get every record, not stop once `consume_batch` of them were handed out.
