@@ -38,6 +38,7 @@ log = structlog.get_logger(__name__)
 NOT_ASSIGNED = "Local: Erroneous state"
 CLOSED = "Consumer closed"
 _joins = itertools.count()
+_ready_tokens = itertools.count(1)
 
 
 class _Partition:
@@ -52,6 +53,7 @@ class _Partition:
         "number",
         "owner",
         "position",
+        "ready",
         "started",
         "topic",
     )
@@ -69,6 +71,9 @@ class _Partition:
         self.credit = 0  # records the reader may still deliver without a new grant
         self.generation = 0  # bumped by every (re)start: older records are stale
         self.dirty = False  # acked moved since the last commit
+        # Non-zero while the owner's ready queue holds this partition: the token of that
+        # entry (older entries, left by a change of owner, are skipped).
+        self.ready = 0
 
 
 class Group:
@@ -248,43 +253,49 @@ class Group:
         key, value = unwrap(content)
         part.buffer.append(Record(topic, part.number, seq, key, value, None))
         part.expected = seq + 1
-        if part.owner is not None:
-            part.owner.wake()
+        owner = part.owner
+        if owner is not None:
+            if not part.ready:
+                owner.queue(part)
+            owner.wake()
 
     # --- members' side ------------------------------------------------------------------
 
     def take(self, member: Member) -> Record | None:
-        for part in member.rotation():
-            if part.buffer:
-                record = part.buffer.popleft()
-                part.position = record.offset + 1
-                room = self._buffer - len(part.buffer) - part.credit
-                if room >= self._buffer // 2:
-                    part.credit += room
-                    self._reader.grant((self.name, part.topic, part.address), room)
-                return record
-        return None
+        """The next record of the partition at the front of the member's ready queue,
+        which then goes to the back if it holds more (round-robin: none starves)."""
+        part = member.next_ready_partition()
+        if part is None:
+            return None
+        record = part.buffer.popleft()
+        part.position = record.offset + 1
+        self._after_take(member, part)
+        return record
 
     def take_many(self, member: Member, limit: int, records: list[Record]) -> list[Record]:
-        """Up to `limit` records after `records`: the member's partitions in turn (one
-        rotation step per call, as take()), each drained as far as the limit allows."""
-        if limit <= 0:
-            return records
+        """Up to `limit` records after `records`: the ready partitions in turn, each
+        drained as far as the limit allows (one left part-drained goes to the back)."""
         wanted = len(records) + limit
-        for part in member.rotation():
+        while len(records) < wanted:
+            part = member.next_ready_partition()
+            if part is None:
+                break
             buffer = part.buffer
-            if not buffer:
-                continue
             while buffer and len(records) < wanted:
                 records.append(buffer.popleft())
             part.position = records[-1].offset + 1
-            room = self._buffer - len(buffer) - part.credit
-            if room >= self._buffer // 2:
-                part.credit += room
-                self._reader.grant((self.name, part.topic, part.address), room)
-            if len(records) >= wanted:
-                break
+            self._after_take(member, part)
         return records
+
+    def _after_take(self, member: Member, part: _Partition) -> None:
+        if part.buffer:
+            member.requeue(part)
+        else:
+            part.ready = 0
+        room = self._buffer - len(part.buffer) - part.credit
+        if room >= self._buffer // 2:
+            part.credit += room
+            self._reader.grant((self.name, part.topic, part.address), room)
 
     def ack(self, member: Member, topic: str, number: int, offset: int) -> None:
         part = self.by_number.get((topic, number))
@@ -316,9 +327,10 @@ class Member(Consumer):
         self.topic_set = frozenset(self.topics)  # membership in constant time
         self.reset = reset
         self.owned: set[_Partition] = set()
-        self._sorted: list[_Partition] | None = None  # `owned` in order, kept until it changes
+        # Owned partitions holding records, in turn: (token, partition); an entry whose
+        # token is no longer its partition's `ready` is stale (skipped, never served).
+        self._ready: collections.deque[tuple[int, _Partition]] = collections.deque()
         self.join_order = next(_joins)
-        self._turn = 0
         self._waiter: asyncio.Future[None] | None = None
         self._closed = False
         self._close_task: asyncio.Task[None] | None = None
@@ -327,22 +339,39 @@ class Member(Consumer):
 
     def own(self, part: _Partition) -> None:
         self.owned.add(part)
-        self._sorted = None
+        if part.buffer and not part.ready:
+            self.queue(part)
 
     def disown(self, part: _Partition) -> None:
         self.owned.discard(part)
-        self._sorted = None
+        part.ready = 0  # its entry here is stale now
 
-    def rotation(self) -> list[_Partition]:
-        """The owned partitions, starting one further each call (every BLPOP calls it:
-        sorted once per change of ownership, not per call)."""
-        parts = self._sorted
-        if parts is None:
-            parts = self._sorted = sorted(self.owned, key=lambda p: (p.topic, p.number))
-        if len(parts) <= 1:
-            return parts
-        self._turn = turn = (self._turn + 1) % len(parts)
-        return parts[turn:] + parts[:turn]
+    def queue(self, part: _Partition) -> None:
+        """Put an owned partition that holds records at the back of the ready queue."""
+        ready = self._ready
+        if len(ready) > 2 * len(self.owned) + 64:  # stale entries of partitions moved away
+            self._ready = ready = collections.deque(
+                entry for entry in ready if entry[0] == entry[1].ready and entry[1].owner is self
+            )
+        part.ready = token = next(_ready_tokens)
+        ready.append((token, part))
+
+    def requeue(self, part: _Partition) -> None:
+        """Back of the queue for a partition just served that holds more."""
+        self._ready.append((part.ready, part))
+
+    def next_ready_partition(self) -> _Partition | None:
+        """The partition at the front of the ready queue that holds records (taken off
+        the queue; the caller requeues it or clears its `ready`), or None."""
+        ready = self._ready
+        while ready:
+            token, part = ready.popleft()
+            if token != part.ready or part.owner is not self:
+                continue  # stale: the partition moved, or has a newer entry
+            if part.buffer:
+                return part
+            part.ready = 0  # emptied by a restart (rewind, reassignment)
+        return None
 
     def wake(self) -> None:
         waiter = self._waiter

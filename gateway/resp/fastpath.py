@@ -7,6 +7,7 @@ the same bytes, however they are split into reads.
 
 from __future__ import annotations
 
+import re
 from collections import deque
 from itertools import chain
 from typing import Final
@@ -38,6 +39,12 @@ _LOOKBACK: Final = 24  # a header cut by a step boundary: its start was fed alre
 # (a regular expression over the data was 3 to 5 times slower).
 _DIGIT_MARKS: Final = bytes(48 if 48 <= i <= 57 else 32 for i in range(256))
 _AGGREGATES: Final = frozenset(b"*%~>|")
+_AGGREGATE_BYTES: Final = tuple(bytes([c]) for c in b"*%~>|")
+_DIGITS: Final = re.compile(rb"[0-9]*")
+# _safe_end judges aggregate chars one by one when two `*` are at least this far apart
+# and the window holds at most _SPARSE_HITS aggregate chars; else it scans digit runs.
+_SPARSE_GAP: Final = 1024
+_SPARSE_HITS: Final = 16
 
 
 class HiredisFastPath(FastPath):
@@ -105,8 +112,41 @@ class HiredisFastPath(FastPath):
         """How far from `start` hiredis may be fed: up to `stop`, or to the start of the
         first aggregate header whose count is above max_arguments (`start` itself when a
         header begun before it, so already fed, is one). A match inside bulk data only
-        ends the run early; the state machine takes over from there."""
+        ends the run early; the state machine takes over from there.
+
+        Where aggregate chars are sparse (a BLPOP naming 1,000 topics is 12 KB of names
+        and digits with one `*`), each is judged where bytes.find (memchr) puts it: the
+        digit-run scan cost ~21 us per such BLPOP, 85% of its parse. Where they are
+        dense (pipelined small commands, one `*` each), the digit-run scan is faster."""
         base = max(pos, start - _LOOKBACK)
+        first = buf.find(b"*", base, stop)
+        if first >= 0 and 0 <= buf.find(b"*", first + 1, stop) < first + _SPARSE_GAP:
+            return self._digit_runs(buf, base, start, stop)
+        found = stop  # the first huge header's start, if any
+        budget = _SPARSE_HITS
+        run_length = len(self._long_run)
+        max_count = self._limits.max_arguments
+        for char in _AGGREGATE_BYTES:
+            at = buf.find(char, base, found)
+            while at >= 0:
+                budget -= 1
+                if budget < 0:
+                    return self._digit_runs(buf, base, start, stop)
+                digits = at + 1
+                if digits < stop and buf[digits] in b"+-":
+                    digits += 1
+                if buf[digits : digits + run_length].isdigit() and digits + run_length <= stop:
+                    run = _DIGITS.match(buf, digits, stop)
+                    last = run.end() if run is not None else digits
+                    if last - digits > MAX_DIGITS or int(buf[digits:last]) > max_count:
+                        found = at
+                        break
+                at = buf.find(char, at + 1, found)
+        return max(start, found) if found < stop else stop
+
+    def _digit_runs(self, buf: bytes, base: int, start: int, stop: int) -> int:
+        """_safe_end by the runs of digits long enough for a huge count, each judged by
+        the byte before it (and a sign)."""
         marks = buf[base:stop].translate(_DIGIT_MARKS)
         size = len(marks)
         long_run = self._long_run

@@ -21,6 +21,7 @@ from backends.dafka.producer import Producer as DafkaProducer
 from backends.dafka.settings import DafkaSettings
 from backends.dafka.store import Store
 from backends.dafka.tower import Tower
+from tests.support.waiting import wait_until_async
 
 WAIT = 10.0
 
@@ -192,6 +193,95 @@ def test_a_backlog_larger_than_the_buffer_arrives_whole_and_in_order(network: Co
             assert [r.value for r in records] == values
             assert [r.offset for r in records] == list(range(len(values)))
             await member.close()
+
+    run(body())
+
+
+def test_a_member_of_many_partitions_takes_from_each_in_turn_and_in_order(
+    network: Config,
+) -> None:
+    """A member owning 5 partitions, each holding records: consecutive BLPOPs go round
+    the partitions (none waits while another is drained), each partition's records in
+    offset order; batches (BLMPOP) drain every partition in order too."""
+    topics = [f"t{i}" for i in range(5)]
+
+    async def body() -> None:
+        async with engine_on(network, partitions=1) as engine:
+            producer = engine.producer("s1")
+            for topic in topics:
+                producer.produce_many(
+                    topic, None, [b"%s-%d" % (topic.encode(), i) for i in range(6)]
+                )
+            assert await producer.flush(WAIT) == 0
+            member = await engine.consumer("g", "c", topics, {"auto.offset.reset": "earliest"})
+            await wait_until_async(
+                lambda: len(member.owned) == 5 and all(len(p.buffer) == 6 for p in member.owned),
+                WAIT,
+                "every partition's 6 records buffered for the member",
+            )
+            singles = [member.next_ready() for _ in range(15)]
+            assert all(r is not None for r in singles)
+            turns = [r.topic for r in singles if r is not None]
+            assert sorted(turns[:5]) == topics, f"a partition skipped in the first round: {turns}"
+            assert turns == turns[:5] * 3, f"not one record per partition per round: {turns}"
+            batches = [member.take_ready(4) for _ in range(10)]
+            assert all(len(b) <= 4 for b in batches)
+            got = [r for r in singles if r is not None] + [r for b in batches for r in b]
+            assert len(got) == 30
+            for topic in topics:
+                mine = [r for r in got if r.topic == topic]
+                assert [r.offset for r in mine] == list(range(6)), topic
+                assert [r.value for r in mine] == [b"%s-%d" % (topic.encode(), i) for i in range(6)]
+            assert member.next_ready() is None
+            await member.close()
+
+    run(body())
+
+
+def test_a_partition_moved_away_with_records_buffered_is_served_only_by_its_new_owner(
+    network: Config,
+) -> None:
+    """A member holding records of 4 partitions (each waiting its turn) loses 2 of them to
+    a new member while they still hold records: it takes only from the 2 it keeps, the new
+    owner gets the rest of the others, every record once, each partition in offset order."""
+
+    async def body() -> None:
+        async with engine_on(network, partitions=4) as engine:
+            producer = engine.producer("s1")
+            for i in range(80):
+                producer.produce("t", b"key-%d" % i, b"%d" % i)
+            assert await producer.flush(WAIT) == 0
+            first = await engine.consumer("g", "c1", ["t"], {"auto.offset.reset": "earliest"})
+            await wait_until_async(
+                lambda: (
+                    len(first.owned) == 4
+                    and sum(len(p.buffer) for p in first.owned) == 80
+                    and all(p.buffer for p in first.owned)
+                ),
+                WAIT,
+                "the 80 records of 4 partitions buffered for the first member",
+            )
+            early = [await take(first, 1) for _ in range(4)]  # one of each, acked
+            assert len({r[0].partition for r in early}) == 4
+            got = [r for rs in early for r in rs]
+            # Acked up to what was taken: the moved partitions keep their buffered records.
+            second = await engine.consumer("g", "c2", ["t"], {})
+            kept = {p.number for p in first.owned}
+            assert len(kept) == 2
+            rest: list[Record] = []
+            while (record := first.next_ready()) is not None:
+                rest.append(record)
+            assert {r.partition for r in rest} <= kept, "taken from a partition moved away"
+            moved = await take(second, 80 - len(got) - len(rest))
+            assert {r.partition for r in moved}.isdisjoint(kept)
+            for member_records in (got + rest, moved):
+                for number in range(4):
+                    offsets = [r.offset for r in member_records if r.partition == number]
+                    assert offsets == sorted(set(offsets)), f"partition {number}: {offsets}"
+            assert sorted(int(r.value or b"") for r in got + rest + moved) == list(range(80))
+            assert await second.next(0.2) is None, "a record delivered twice to the new owner"
+            await second.close()
+            await first.close()
 
     run(body())
 

@@ -154,6 +154,10 @@ def test_property_a_stream_that_never_ends_a_command_is_cut(
 
 
 _RPUSHX = b"*3\r\n$6\r\nRPUSHX\r\n$8\r\ntopics:t\r\n$100\r\n" + b"x" * 100 + b"\r\n"
+_BLPOP_1000 = encode_many(
+    [[b"BLPOP", ("topics:" + ",".join(f"growth-{i:04d}" for i in range(1000))).encode(), b"5"]],
+    2,
+)
 HUGE_AGGREGATES = [
     b"*2147483647\r\n",  # a command announcing 2^31 - 1 arguments
     b"*1\r\n$4\r\nPING\r\n*2147483647\r\n",  # behind a command hiredis takes
@@ -165,6 +169,11 @@ HUGE_AGGREGATES = [
     _RPUSHX * 200 + b"*2\r\n$4\r\nPING\r\n%+2147483647\r\n",
     # ... and data dense with aggregate chars (every run of digits is looked at instead).
     _RPUSHX.replace(b"x" * 100, b"*%~>|" * 20) * 200 + b"*2147483647\r\n",
+    # Long commands, one `*` in kilobytes (each aggregate char found by memchr and judged):
+    # a BLPOP naming 1,000 topics, then a huge header, in and past hiredis's first step.
+    _BLPOP_1000 + b"*2147483647\r\n",
+    _BLPOP_1000 * 3 + b"*2\r\n$4\r\nPING\r\n~-2147483647\r\n",
+    _BLPOP_1000[:4000] + b"|+99999999999999999999999\r\n",
 ]
 
 
@@ -190,3 +199,23 @@ def test_long_digit_runs_in_bulk_data_do_not_trouble_the_fast_path() -> None:
     data = encode_many(commands, 2)
     for pieces in ([data], [data[i : i + 1000] for i in range(0, len(data), 1000)]):
         assert feed_checked(HiredisRequestParser(), pieces, ParserLimits()) == (commands, None)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        b"*" + b"9" * 5000,  # more digits than int() takes
+        b"topics:a,%2147483647,~+2147483647,b" + b"," * 3000,  # huge counts inside data
+        b"*%~>|" * 5 + b"x" * 4000 + b">99999999",  # past the sparse path's first finds
+    ],
+)
+def test_aggregate_chars_in_long_values_are_only_data(value: bytes) -> None:
+    """A long argument (a BLPOP key naming many topics) whose bytes look like a huge
+    count after an aggregate char parses back whole, the same on both parsers, however
+    it is split."""
+    commands = [[b"BLPOP", value, b"5"], [b"PING"]] * 3
+    data = encode_many(commands, 2)
+    expected = feed_checked(PythonRequestParser(), [data], ParserLimits())
+    assert expected == (commands, None)
+    for pieces in ([data], [data[i : i + 1000] for i in range(0, len(data), 1000)]):
+        assert feed_checked(HiredisRequestParser(), pieces, ParserLimits()) == expected
