@@ -133,7 +133,11 @@ def children_cpu(pid: int) -> float:
     """CPU seconds (user + system) used so far by the live children of `pid`."""
     ticks = 0
     for task in Path(f"/proc/{pid}/task").iterdir():
-        for child in (task / "children").read_text().split():
+        try:  # a thread (librdkafka's come and go) or a child may end while it is read
+            children = (task / "children").read_text().split()
+        except FileNotFoundError:
+            continue
+        for child in children:
             try:
                 fields = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()
             except FileNotFoundError:
