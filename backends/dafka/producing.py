@@ -259,18 +259,37 @@ class ProducerHandle(Producer):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(0.0, timeout)
         while True:
-            left = self.outstanding()
+            # Not outstanding() at each wake-up: every ACK of every partition wakes the
+            # flush, and a walk over all its writers each time made a DUMP after records
+            # spread over 4,000 partitions spend 0.6-0.8 s of its ~1 s walking them.
             remaining = deadline - loop.time()
-            if left == 0 or remaining <= 0 or self._only_failed():
-                return left
+            if remaining <= 0 or self._settled():
+                return self.outstanding()
             if self._engine.settings.acks == "all":
                 # The stores do not say when they have a record: ask them.
                 self._engine.observer.ask({writer.topic for writer in self._ranges})
                 remaining = min(remaining, ASK_INTERVAL)
             await self._engine.wait_progress(remaining)
 
-    def _only_failed(self) -> bool:
-        return all(writer.failed is not None for writer in self._ranges)
+    def _settled(self) -> bool:
+        """No writer that has not failed holds records of this session that are not yet
+        durable: what a flush waits for. Forgets the writers whose records all are, and
+        stops at the first one still waited for, so that the walks of a whole flush cost
+        about one pass over its writers, not one per wake-up."""
+        done: list[PartitionWriter] = []
+        try:
+            for writer, ranges in self._ranges.items():
+                acked = writer.durable()
+                while ranges and ranges[0][1] <= acked:
+                    ranges.popleft()
+                if not ranges:
+                    done.append(writer)
+                elif writer.failed is None:
+                    return False
+            return True
+        finally:
+            for writer in done:
+                del self._ranges[writer]
 
     async def close(self, timeout: float) -> int:
         if self._closed:

@@ -88,3 +88,42 @@ def test_a_new_actor_takes_over_when_the_shared_one_is_gone(
             await member.close()
 
     run(body())
+
+
+def test_dump_waits_for_every_topic_behind_a_failed_writer_and_counts_its_records(
+    dafka_config: Config, store: Store
+) -> None:
+    """DUMP stops looking at the first writer still waited for: a failed writer met first
+    must neither end the wait for the topics produced after it nor go uncounted. (The
+    actor's death is stood for by closing it behind the engine's back, as above.)"""
+
+    async def body() -> None:
+        async with engine_on(dafka_config, partitions=1) as engine:
+            producer = engine.producer("s1")
+            for topic in ("mixed-a", "mixed-b", "mixed-c"):
+                producer.produce(topic, None, b"kept")
+            assert await producer.flush(WAIT) == 0
+            engine.publisher().close(0)
+            producer.produce_many("mixed-a", None, [b"refused-1", b"refused-2"])
+            producer.produce("mixed-b", None, b"refused-3")
+            producer.produce("mixed-c", None, b"refused-4")
+            assert await producer.flush(WAIT) == 4, "the dead actor's records are counted"
+            # New writers on a new actor, after the failed ones in the session's order.
+            producer.produce_many("mixed-b", None, [b"after-1", b"after-2"])
+            producer.produce("mixed-c", None, b"after-3")
+            assert producer.outstanding() == 7, "3 not yet acknowledged, 4 never sent"
+            assert await producer.flush(WAIT) == 4, "DUMP waited for mixed-b and mixed-c"
+            assert producer.outstanding() == 4
+            member = await engine.consumer("g", "c", ["mixed-b", "mixed-c"], {})
+            records = await take(member, 5)
+            got = sorted((r.topic, r.offset, r.value) for r in records)
+            assert got == [
+                ("mixed-b", 0, b"kept"),
+                ("mixed-b", 1, b"after-1"),
+                ("mixed-b", 2, b"after-2"),
+                ("mixed-c", 0, b"kept"),
+                ("mixed-c", 1, b"after-3"),
+            ]
+            await member.close()
+
+    run(body())
