@@ -175,14 +175,22 @@ def test_a_consumer_that_asked_only_at_subscribe_is_told_of_a_new_partition(
         assert time.monotonic() - started < 3, "the pushes did not stop after the duration"
 
 
-def test_a_consumer_that_left_is_no_longer_watched(store: Store, store_config: Config) -> None:
+def test_a_consumer_that_left_is_no_longer_watched(
+    linked: TestPeer, store: Store, store_config: Config
+) -> None:
     """The reader forgets a consumer when its SUB leaves (the E<uuid> unsubscription), so
     the watch list holds only consumers that are still there."""
+    store_records(linked, "watched", [b"r0"])
     config = store_config.copy()
     config.set("consumer/offset/reset", "earliest")
     consumer = Consumer(config, zmq.Context.instance())
     try:
         consumer.subscribe("watched")
+        # The stored record reaches the consumer through the store's XPUB (DIRECT_HEAD,
+        # then DIRECT_RECORD): its SUB is there, so its leaving can be seen. Closed
+        # before that, it never subscribed there and no unsubscription could come.
+        record = consumer.get(timeout=10)
+        assert record is not None and record.content == b"r0", record
         wait_until(lambda: store.push.watching, 5, "the store did not watch the consumer")
     finally:
         consumer.close()
