@@ -53,6 +53,7 @@ from tests.support.child_process import run_to_end
 from tests.support.connections import raise_open_files, rss_bytes
 from tests.support.kafka import kafka_document
 from tests.support.rafka_process import start_rafka
+from tests.support.resp import command
 from tests.support.tansu import TansuBroker
 
 VALUE = b"x" * 100
@@ -62,14 +63,6 @@ OPEN_FILES = 100_000
 PIPELINE = 1000  # RPUSHX per pipeline
 WAIT = 30  # BLPOP timeout (s): a group that waits this long for a record has a problem
 SHAPES = ((1, 1), (100, 1), (1000, 1), (1, 10), (1, 100))  # (topics, groups)
-
-
-def encode(*args: bytes | str | int) -> bytes:
-    parts = [b"*%d\r\n" % len(args)]
-    for arg in args:
-        raw = arg if isinstance(arg, bytes) else str(arg).encode()
-        parts.append(b"$%d\r\n%s\r\n" % (len(raw), raw))
-    return b"".join(parts)
 
 
 class Client:
@@ -103,7 +96,7 @@ class Client:
         return got
 
     async def call(self, *args: bytes | str | int) -> Any:
-        return (await self.replies(encode(*args), 1))[0]
+        return (await self.replies(command(*args), 1))[0]
 
     async def close(self) -> None:
         self._writer.close()
@@ -154,7 +147,7 @@ async def produce(port: int, topics: Sequence[str], records: int) -> float:
     """Records/s of pipelined RPUSHX round-robin over `topics`, until DUMP answers 0."""
     targets = [f"topics:{topic}".encode() for topic in topics]
     chunks = [
-        b"".join(encode(b"RPUSHX", targets[i % len(targets)], VALUE) for i in range(first, end))
+        b"".join(command(b"RPUSHX", targets[i % len(targets)], VALUE) for i in range(first, end))
         for first in range(0, records, PIPELINE)
         for end in [min(first + PIPELINE, records)]
     ]
@@ -175,7 +168,7 @@ async def consume(client: Client, key: bytes, count: int, window: int) -> None:
     got = 0
     while got < count:
         batch = min(window, count - got)
-        for reply in await client.replies(encode(b"BLPOP", key, WAIT) * batch, batch):
+        for reply in await client.replies(command(b"BLPOP", key, WAIT) * batch, batch):
             if reply is None:
                 raise RuntimeError(f"a BLPOP waited {WAIT} s for nothing after {got} records")
             got += 1
@@ -190,7 +183,7 @@ async def shape(
     started = time.perf_counter()
     warm = await Client.connect(port)
     await warm.replies(
-        b"".join(encode(b"RPUSHX", f"topics:{t}", b"warm-up") for t in names), topics
+        b"".join(command(b"RPUSHX", f"topics:{t}", b"warm-up") for t in names), topics
     )
     if await warm.call("DUMP", "120000") != 0:
         raise RuntimeError("warm-up records not durable")

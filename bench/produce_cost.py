@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.support.kafka import kafka_document
 from tests.support.rafka_process import RafkaProcess
+from tests.support.resp import command
 from tests.support.tansu import TansuBroker
 
 PIPELINE = 1000  # commands per pipeline
@@ -72,10 +73,6 @@ def broker_pid(broker: TansuBroker) -> int:
         except OSError:  # a process that ended meanwhile
             continue
     raise RuntimeError(f"no process listens on {broker.bootstrap}")
-
-
-def command(*args: bytes) -> bytes:
-    return b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in args)
 
 
 def produce(port: int, topic: str, records: int, values: int) -> float:

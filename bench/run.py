@@ -87,6 +87,7 @@ from tests.support.dafka_programs import Program
 from tests.support.kafka import kafka_document
 from tests.support.rafka_process import RafkaProcess
 from tests.support.redis_server import RedisServer, redis_benchmark
+from tests.support.resp import command
 from tests.support.tansu import TansuBroker
 from tests.support.waiting import wait_until
 
@@ -464,13 +465,13 @@ def raw_consume_batch(
     client = RawClient(port, f"{group}:bench")
     got: list[Position] = []
     batch_positions(client.call(b"BLMPOP", b"30", b"1", key, b"LEFT", b"COUNT", b"1"), got)
-    full = encode(b"BLMPOP", b"30", b"1", key, b"LEFT", b"COUNT", count)
+    full = command(b"BLMPOP", b"30", b"1", key, b"LEFT", b"COUNT", count)
     time.sleep(settle)
     start = time.perf_counter()
     while len(got) < records:
         left = records - len(got)
         client.send(
-            full if left >= count else encode(b"BLMPOP", 30, 1, key, b"LEFT", b"COUNT", left)
+            full if left >= count else command(b"BLMPOP", 30, 1, key, b"LEFT", b"COUNT", left)
         )
         (reply,) = client.replies(1)
         assert reply is not None, f"BLMPOP waited 30 s for nothing after {len(got)} records"
@@ -577,15 +578,6 @@ def check_delivered(
             )
 
 
-def encode(*args: bytes | str | int) -> bytes:
-    """One command as a client library sends it (RESP multibulk)."""
-    parts = [b"*%d\r\n" % len(args)]
-    for arg in args:
-        raw = arg if isinstance(arg, bytes) else str(arg).encode()
-        parts.append(b"$%d\r\n%s\r\n" % (len(raw), raw))
-    return b"".join(parts)
-
-
 class RawClient:
     """A connection without a client library: commands encoded in advance, replies parsed
     by hiredis. What the gateway costs, without what redis-py costs."""
@@ -623,7 +615,7 @@ class RawClient:
         return got
 
     def call(self, *args: bytes | str | int) -> Any:
-        self.send(encode(*args))
+        self.send(command(*args))
         return self.replies(1)[0]
 
     def close(self) -> None:
@@ -635,7 +627,7 @@ def raw_produce(port: int, topic: str, records: int, batch: int) -> float:
     target = f"topics:{topic}".encode()
     chunks = [
         (
-            b"".join(encode(b"RPUSHX", target, numbered(i)) for i in range(first, end)),
+            b"".join(command(b"RPUSHX", target, numbered(i)) for i in range(first, end)),
             end - first,
         )
         for first in range(0, records, batch)
@@ -693,7 +685,7 @@ def paced_produce(port: int, topic: str, rate: int, count: int, achieved: Any) -
             time.sleep(0.0005)  # pacing: ahead of the rate
             continue
         client.send(
-            b"".join(encode(b"RPUSHX", target, pack(clock()) + padding) for _ in range(due - sent))
+            b"".join(command(b"RPUSHX", target, pack(clock()) + padding) for _ in range(due - sent))
         )
         client.replies(due - sent)
         sent = due
@@ -820,7 +812,7 @@ class DafkaBench:
         """Open the topic's partition writers (keyless records go round-robin) and make
         the records durable, so that no timed request pays for a writer's start."""
         client = RawClient(self.port)
-        client.send(encode("RPUSHX", f"topics:{topic}", "warm-up") * WARM_UP_RECORDS)
+        client.send(command("RPUSHX", f"topics:{topic}", "warm-up") * WARM_UP_RECORDS)
         client.replies(WARM_UP_RECORDS)
         assert client.call("DUMP", "30000") == 0, f"warm-up of {topic} not durable"
         client.close()
@@ -875,7 +867,7 @@ class DafkaBench:
         count = int(rate * (warm_up + seconds))
         self.warm_up(topic)
         client = RawClient(self.port, f"latency-{topic}:bench")
-        blpop = encode("BLPOP", f"topics:{topic}", 10)
+        blpop = command("BLPOP", f"topics:{topic}", 10)
         # Join the group (and take the warm-up records) before the producer starts.
         client.send(blpop * WARM_UP_RECORDS)
         client.replies(WARM_UP_RECORDS)
@@ -891,7 +883,7 @@ class DafkaBench:
         first = last = 0
         batch = -window if window < 0 else 0
         if batch:
-            blpop = encode("BLMPOP", 10, 1, f"topics:{topic}", "LEFT", "COUNT", batch)
+            blpop = command("BLMPOP", 10, 1, f"topics:{topic}", "LEFT", "COUNT", batch)
             window = 1
         try:
             client.send(blpop * min(window, count))

@@ -38,6 +38,7 @@ import hiredis
 from e2e.helpers import DafkaDeployment, Deployment, KafkaDeployment
 from tests.support.processes import vm_rss_kib
 from tests.support.rafka_process import RafkaProcess
+from tests.support.resp import command
 from tests.support.tansu import TansuBroker
 
 HOST = "127.0.0.1"
@@ -53,14 +54,6 @@ class Closed(Exception):
 
 class NoConnection(Exception):
     """The gateway accepted no connection (answering PING) until the deadline."""
-
-
-def encode(args: tuple[bytes | str | int, ...]) -> bytes:
-    parts = [b"*%d\r\n" % len(args)]
-    for arg in args:
-        raw = arg if isinstance(arg, bytes) else str(arg).encode()
-        parts += [b"$%d\r\n" % len(raw), raw, b"\r\n"]
-    return b"".join(parts)
 
 
 class Link:
@@ -79,7 +72,7 @@ class Link:
 
     async def call(self, *args: bytes | str | int, timeout: float = REPLY_TIMEOUT) -> object:
         try:
-            self.writer.write(encode(args))
+            self.writer.write(command(*args))
             while (reply := self.parser.gets()) is False:
                 data = await asyncio.wait_for(self.reader.read(65536), timeout)
                 if not data:

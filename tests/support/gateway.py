@@ -15,6 +15,7 @@ from backends.base import Engine, Stats
 from backends.registry import engine_entry
 from gateway.config import Config
 from gateway.runner import ServerThread
+from tests.support import resp
 
 T = TypeVar("T")
 
@@ -105,11 +106,7 @@ class Raw:
         raise AssertionError(f"unexpected reply line {line!r}")
 
     def command(self, *args: bytes | str) -> None:
-        parts = [b"*%d\r\n" % len(args)]
-        for arg in args:
-            data = arg.encode() if isinstance(arg, str) else arg
-            parts.append(b"$%d\r\n%b\r\n" % (len(data), data))
-        self.send(b"".join(parts))
+        self.send(resp.command(*args))
 
     def assert_closed(self, timeout: float = 5.0) -> None:
         """The server closed the connection (EOF or reset) with nothing more to read."""
