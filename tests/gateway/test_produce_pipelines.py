@@ -8,11 +8,11 @@ once, in each connection's order."""
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 
 from gateway.runner import ServerThread
 from tests.support.gateway import Raw
+from tests.support.waiting import wait_until
 
 CONNECTIONS = 6
 RECORDS = 1500  # one-value RPUSHX per connection, ~180 KB of pipeline each
@@ -78,13 +78,16 @@ def test_concurrent_pipelines_each_dump_waits_for_all_its_records(
         watcher.command("CLIENT", "SETNAME", f"{topic}:reader")
         assert watcher.read_reply() in ("OK", b"OK")
         got: list[bytes] = []
-        deadline = time.monotonic() + 60
-        while len(got) < total and time.monotonic() < deadline:
+
+        def consumed_all() -> bool:
             watcher.command("BLMPOP", "2", "1", key.decode(), "LEFT", "COUNT", "1000")
             reply = watcher.read_reply()
             if reply is not None:
-                got += [record[7] for record in reply[1]]
-        assert len(got) == total, f"{len(got)} of {total} records consumed within 60 s"
+                got.extend(record[7] for record in reply[1])
+            return len(got) >= total
+
+        wait_until(consumed_all, 60, f"all {total} records consumed", interval=0)
+        assert len(got) == total, f"{len(got)} records consumed, {total} produced"
         for connection in range(CONNECTIONS):
             mine = [value for value in got if value.startswith(b"c%d-" % connection)]
             assert mine == values_of(connection), f"connection {connection}: order or content"
