@@ -365,7 +365,7 @@ class DafkaEngine(Engine):
 
     def writer(self, topic: str, number: int) -> PartitionWriter:
         writer = self._writers.get((topic, number))
-        if writer is None or writer.failed is not None:  # a failed one: try again
+        if writer is None or (writer.failed is not None and writer.replaceable):  # try again
             writer = self._writers[(topic, number)] = PartitionWriter(self, topic, number)
             self._by_address[(topic, writer.address)] = writer
         return writer

@@ -11,9 +11,17 @@ as "every subject"), at hello time and on `refresh()` (GET_HEADS with topic "").
 DIRECT_HEADs carry no store address, so the observer asks each store reader under a
 requester address of its own (a uuid per store, the routing topic of that store's
 answers): it knows what each store holds, and so which records every store the tower
-knows has (`acks: all`). "A store has answered in full" is judged by time: the answers to
-one request leave a reader in one burst, and the observer is *settled* once it has greeted
-`min_stores` readers and no answer arrived for `settle` seconds.
+knows has (`acks: all`).
+
+"A store has answered in full" is told by our store readers' END_OF_HEADS mark after the
+heads of every subject (`proto.EVERY_SUBJECT`): the observer is *settled* once every store
+reader it greeted has sent its mark (at least `min_stores` of them), or once `min_stores`
+have and no answer came for `settle` seconds (a C store sends no mark). A hello can be
+lost (the reader's SUB had not joined our XPUB yet; our subscription to its answers had
+not reached it yet): a reader greeted and silent is greeted again every `RETRY` seconds.
+Judging by time alone made a gateway restarted on a slow machine settle before its
+store's answer came, resume its partitions at offset 0 and lose records a store then
+refused as already held (the kill -9 test, CI run of 2026-11-24).
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ from backends.dafka.node import Node, messages
 
 log = structlog.get_logger(__name__)
 
-_EVERY_SUBJECT = ""
+RETRY = 0.25  # seconds before greeting again a store reader whose answer did not end
 
 
 class NotSettled(Exception):
@@ -66,6 +74,8 @@ class Observer(Node):
         # gateway opens, and per LLEN).
         self._addresses: dict[str, set[str]] = {}
         self._readers: set[str] = set()  # store readers greeted
+        self._complete: set[str] = set()  # readers whose last full answer ended (mark)
+        self._greeted_at: dict[str, float] = {}  # reader -> last full request, until marked
         self._requester: dict[str, str] = {}  # reader -> our requester address for it
         self._reader_of: dict[bytes, str] = {}  # requester routing bytes -> reader
         self._held: dict[str, dict[tuple[str, str], int]] = {}  # reader -> its heads
@@ -84,33 +94,38 @@ class Observer(Node):
             return len(self._readers)
 
     def wait_settled(self, min_stores: int, timeout: float) -> None:
-        """Block until `min_stores` readers were greeted and their answers stopped coming;
-        raise NotSettled after `timeout` seconds."""
+        """Block until at least `min_stores` store readers answered in full (END_OF_HEADS)
+        and the others greeted did too or stopped answering for `settle` seconds; raise
+        NotSettled after `timeout` seconds."""
         deadline = time.monotonic() + timeout
         with self._cond:
             while True:
                 now = time.monotonic()
                 quiet = now - self._last_answer
-                if len(self._readers) >= min_stores and quiet >= self._settle:
+                complete = len(self._complete)
+                enough = complete >= min_stores
+                if enough and (complete >= len(self._readers) or quiet >= self._settle):
                     return
                 if now >= deadline:
                     raise NotSettled(
-                        f"{len(self._readers)} of {min_stores} Dafka store(s) answered "
-                        f"within {timeout:g} s"
+                        f"{complete} of {min_stores} Dafka store(s) answered within {timeout:g} s"
                     )
-                wait = self._settle - quiet if len(self._readers) >= min_stores else 0.05
+                wait = self._settle - quiet if enough else 0.05
                 self._cond.wait(max(0.001, min(wait, deadline - now)))
 
     def answered(self) -> int:
-        """Store readers greeted that answered with at least one head (a store that holds
-        nothing never answers: there is no end-of-answer message)."""
+        """Store readers greeted that answered: with their END_OF_HEADS mark, or (C stores,
+        which send none) with at least one head."""
         with self._cond:
-            return sum(1 for reader in self._readers if self._held.get(reader))
+            return sum(
+                1 for reader in self._readers if reader in self._complete or self._held.get(reader)
+            )
 
     def refresh(self, min_stores: int, timeout: float) -> None:
         """Ask every store for every head again, then wait until settled."""
         with self._cond:
             self._refresh_requested = True
+            self._complete.clear()  # settled again only by answers to this request
             self._last_answer = time.monotonic()
             self._wake(b"R")
         self.wait_settled(min_stores, timeout)
@@ -169,6 +184,8 @@ class Observer(Node):
             poller.register(sock, zmq.POLLIN)
         while True:
             wait = max(0, min(beacon.next_deadline_ms() - now_ms(), 1000))
+            if self._greeted_at:
+                wait = min(wait, int(RETRY * 1000))
             events = dict(poller.poll(wait))
             if pipe in events:
                 stop = False
@@ -183,7 +200,7 @@ class Observer(Node):
                     refresh, self._refresh_requested = self._refresh_requested, False
                     asked, self._asked = self._asked, set()
                     readers = list(self._alive)
-                subjects = [_EVERY_SUBJECT] if refresh else sorted(asked)
+                subjects = [proto.EVERY_SUBJECT] if refresh else sorted(asked)
                 if subjects:
                     for name in readers:
                         self._hello(sub, xpub, name.encode(), subjects)
@@ -196,6 +213,15 @@ class Observer(Node):
                 self._drain(sub, xpub)
             apply_events(beacon.tick(now_ms()), sub)
             self._track_alive(beacon)
+            self._greet_silent(sub, xpub)
+
+    def _greet_silent(self, sub: zmq.Socket, xpub: zmq.Socket) -> None:
+        """Greet again the readers asked for every head more than RETRY seconds ago that
+        did not end their answer (the hello or the answer was lost)."""
+        now = time.monotonic()
+        for name, at in list(self._greeted_at.items()):
+            if now - at >= RETRY:
+                self._hello(sub, xpub, name.encode())
 
     def _track_alive(self, beacon: Beacon) -> None:
         """The store readers the tower still announces (a dead one leaves after
@@ -203,6 +229,8 @@ class Observer(Node):
         with self._cond:
             alive = self._readers.intersection(beacon.senders)
             if alive != self._alive:
+                for gone in self._alive - alive:
+                    self._greeted_at.pop(gone, None)  # a dead store never answers
                 self._alive = alive
                 self._cond.notify_all()
 
@@ -225,11 +253,23 @@ class Observer(Node):
             proto.CONSUMER_HELLO,
             reader,
             address=requester,
-            subjects=subjects if subjects is not None else [_EVERY_SUBJECT],
+            subjects=subjects if subjects is not None else [proto.EVERY_SUBJECT],
         )
         xpub.send_multipart(proto.encode(hello))
         with self._cond:
             self._readers.add(name)
+            self._last_answer = time.monotonic()
+            if proto.EVERY_SUBJECT in hello.subjects and name not in self._complete:
+                self._greeted_at[name] = self._last_answer
+            self._cond.notify_all()
+
+    def _end_of_heads(self, requester: bytes) -> None:
+        reader = self._reader_of.get(requester)
+        if reader is None:
+            return
+        with self._cond:
+            self._complete.add(reader)
+            self._greeted_at.pop(reader, None)
             self._last_answer = time.monotonic()
             self._cond.notify_all()
 
@@ -241,6 +281,9 @@ class Observer(Node):
                 self._hello(sub, xpub, msg.address.encode())
                 continue
             if msg.id not in (proto.HEAD, proto.DIRECT_HEAD) or msg.sequence < 0:
+                continue
+            if proto.is_end_of_heads(msg):
+                self._end_of_heads(msg.topic)
                 continue
             key = (msg.subject, msg.address)
             seq = msg.sequence

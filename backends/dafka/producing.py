@@ -37,6 +37,10 @@ QUEUE_FULL = "Local: Queue full"
 INTERNAL_PREFIX = "__rafka"
 INVALID_TOPIC = "Broker: Invalid topic"
 STOPPED = "Engine stopped"
+CONFLICT = (
+    "Local: Partition conflict: the stores hold offset {held} of {topic} partition {number}, "
+    "which this gateway did not write (another gateway with the same dafka.node?)"
+)
 ASK_INTERVAL = 0.02  # seconds between two questions to the stores during a DUMP (acks: all)
 
 
@@ -97,6 +101,9 @@ class PartitionWriter:
         self.submitted = 0
         self.acked = 0  # positions below are held by a store
         self.failed: str | None = None
+        # False once the stores showed another writer of this partition: a new writer
+        # would conflict the same way (and the address stays open on the Publisher).
+        self.replaceable = True
         self.ready: asyncio.Task[None] = self._loop.create_task(self._start())
 
     def submit(self, values: Sequence[bytes]) -> int:
@@ -169,11 +176,32 @@ class PartitionWriter:
             )
         self._first_sequence = head + 1
         return engine.publisher().open(
-            self.topic, address=self.address, first_sequence=head + 1, on_ack=self._on_ack_thread
+            self.topic,
+            address=self.address,
+            first_sequence=head + 1,
+            on_ack=self._on_ack_thread,
+            on_conflict=self._on_conflict_thread,
         )
 
     def _on_ack_thread(self, last_acked: int) -> None:
         self._loop.call_soon_threadsafe(self._on_ack, last_acked)
+
+    def _on_conflict_thread(self, held: int) -> None:
+        self._loop.call_soon_threadsafe(self._on_conflict, held)
+
+    def _on_conflict(self, held: int) -> None:
+        """A store holds offset `held`, beyond every record this writer sent: its ACKs no
+        longer tell our records from another writer's, so none of what is not acked yet
+        counts as durable, and the partition refuses records from now on."""
+        self._engine.observer.note_stored(self.topic, self.address, held)
+        if self.failed is not None:
+            return
+        self.failed = CONFLICT.format(held=held, topic=self.topic, number=self.number)
+        self.replaceable = False
+        log.error("partition writer conflict", topic=self.topic, partition=self.number, held=held)
+        if not self.internal:
+            self._engine.stats.incr(Stats.DELIVERY_ERRORS, self.submitted - self.acked)
+        self._engine.progress()
 
     def durable(self) -> int:
         """Positions below this one count as durable for DUMP: held by a store, or with
@@ -185,7 +213,7 @@ class PartitionWriter:
 
     def _on_ack(self, last_acked: int) -> None:
         acked = last_acked - self._first_sequence + 1
-        if acked > self.acked:
+        if acked > self.acked and self.replaceable:
             self._engine.observer.note_stored(self.topic, self.address, last_acked)
             if not self.internal:
                 self._engine.stats.incr(Stats.DELIVERED, acked - self.acked)

@@ -37,6 +37,15 @@ STORE_HELLO = ord("L")
 VERSION = 1
 MAX_STRING = 255
 
+# A request for the heads of EVERY_SUBJECT (GET_HEADS with topic "", CONSUMER_HELLO with
+# subjects [""]) is answered by our store readers with every DIRECT_HEAD and then one more:
+# END_OF_HEADS, a DIRECT_HEAD of subject "" whose address is the reader's uuid and whose
+# sequence counts the heads sent. Beyond C (whose stores send no mark, and whose peers
+# never ask for every subject): an empty store answers too, so an asker can tell "this
+# store holds nothing" from "this store's answer has not come yet".
+EVERY_SUBJECT = ""
+
+
 NAMES: dict[int, str] = {
     RECORD: "RECORD",
     DIRECT_RECORD: "DIRECT_RECORD",
@@ -85,6 +94,11 @@ class XpubEvent:
     is_subscribe: bool
     id: int
     rest: bytes
+
+
+def is_end_of_heads(msg: Message) -> bool:
+    """The END_OF_HEADS mark of a store reader (see EVERY_SUBJECT)."""
+    return msg.id == DIRECT_HEAD and msg.subject == EVERY_SUBJECT
 
 
 # --- encoding ------------------------------------------------------------------------------

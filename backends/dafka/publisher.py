@@ -87,6 +87,7 @@ class Partition:
         address: str,
         first_sequence: int,
         on_ack: Callable[[int], None] | None,
+        on_conflict: Callable[[int], None] | None = None,
     ) -> None:
         self._topic_bytes = check_topic(topic)
         if first_sequence < 0:
@@ -96,6 +97,7 @@ class Partition:
         self.first_sequence = first_sequence
         self._owner = owner
         self._on_ack = on_ack
+        self._on_conflict = on_conflict
         # Shared with the actor under the owner's lock.
         self._queue: collections.deque[bytes] = collections.deque()
         self._flagged = False  # in the owner's list of partitions with records to send
@@ -173,9 +175,17 @@ class Partition:
         self._released = self._sent - len(self._unacked)
         return taken
 
-    def _ack(self, sequence: int) -> None:
+    def _ack(self, sequence: int) -> bool:
+        """Release what `sequence` acknowledges; False (and nothing released) for an ACK
+        beyond every record sent: the stores hold this partition's offsets that another
+        writer wrote (two writers of one address, or one that started below the stores'
+        head), and a store drops a record at an offset it holds, so an ACK no longer
+        says that ours is stored."""
+        if sequence >= self.first_sequence + self._sent:
+            return False
         self._unacked.ack(sequence)
         self._released = self._sent - len(self._unacked)
+        return True
 
     def _fetch(self, pub: zmq.Socket, msg: proto.Message) -> None:
         """Answer a FETCH from memory (below the first unacked record the stores must
@@ -254,15 +264,17 @@ class Publisher(Actor):
         address: str,
         first_sequence: int = 0,
         on_ack: Callable[[int], None] | None = None,
+        on_conflict: Callable[[int], None] | None = None,
     ) -> Partition:
         """A new partition `address` of `topic` written from `first_sequence` on.
-        `on_ack(last_acked)` runs on the actor thread whenever an ACK releases records."""
+        `on_ack(last_acked)` runs on the actor thread whenever an ACK releases records;
+        `on_conflict(sequence)` for an ACK beyond every record sent (see `Partition._ack`)."""
         key = address.encode()
         with self._lock:
             self._check_open()
             if key in self._partitions:
                 raise ValueError(f"partition {address} is already open on this publisher")
-            partition = Partition(self, topic, address, first_sequence, on_ack)
+            partition = Partition(self, topic, address, first_sequence, on_ack, on_conflict)
             self._partitions[key] = partition
             self._added.append(partition)
             self._wake_once()
@@ -491,7 +503,8 @@ class Publisher(Actor):
             if msg.id == proto.ACK:
                 if partition not in acked:
                     acked[partition] = partition._unacked.last_acked
-                partition._ack(msg.sequence)
+                if not partition._ack(msg.sequence) and partition._on_conflict is not None:
+                    partition._on_conflict(msg.sequence)
             elif msg.id == proto.FETCH:
                 partition._fetch(pub, msg)
         for partition, before in acked.items():

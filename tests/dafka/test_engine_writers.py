@@ -7,9 +7,16 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+import zmq
+
+from backends.base import ProduceError
 from backends.dafka.config import Config
+from backends.dafka.partitions import own_address
+from backends.dafka.publisher import Publisher
 from backends.dafka.store import Store
 from tests.dafka.test_engine import WAIT, engine_on, run, take
+from tests.support.waiting import wait_until
 
 TOPICS = 300
 
@@ -125,5 +132,41 @@ def test_dump_waits_for_every_topic_behind_a_failed_writer_and_counts_its_record
                 ("mixed-c", 1, b"after-3"),
             ]
             await member.close()
+
+    run(body())
+
+
+def test_a_partition_another_writer_wrote_to_refuses_records_and_dump_counts_them(
+    dafka_config: Config, store: Store
+) -> None:
+    """Another writer of this gateway's partition (a second gateway with the same
+    dafka.node, played by a Publisher of the test on the partition's address): the store
+    keeps the other writer's records at the offsets ours would take. Our records are not
+    confirmed by DUMP, the partition says why on the next RPUSHX, and the stored records
+    stay the other writer's."""
+
+    async def body() -> None:
+        async with engine_on(dafka_config, partitions=1) as engine:
+            producer = engine.producer("s1")
+            producer.produce("shared", None, b"ours-0")
+            assert await producer.flush(WAIT) == 0
+            other = Publisher(dafka_config, zmq.Context.instance())
+            try:
+                theirs = other.open("shared", address=own_address("shared", 0), first_sequence=1)
+                theirs.publish_many([b"theirs-1", b"theirs-2", b"theirs-3"])
+                wait_until(lambda: theirs.unacked_count() == 0, WAIT, "the other writer stored")
+            finally:
+                other.close(timeout=0)
+            producer.produce_many("shared", None, [b"ours-1", b"ours-2"])
+            assert await producer.flush(WAIT) == 2, "records the store dropped were confirmed"
+            with pytest.raises(ProduceError, match="Partition conflict: the stores hold offset 3"):
+                producer.produce("shared", None, b"refused")
+            records = store.storage.records(b"shared", own_address("shared", 0).encode())
+            assert [content for _, content in records] == [
+                b"ours-0",
+                b"theirs-1",
+                b"theirs-2",
+                b"theirs-3",
+            ]
 
     run(body())

@@ -4,12 +4,15 @@ on the test's tower."""
 
 from __future__ import annotations
 
+import pytest
 import zmq
 
+from backends.dafka import proto
 from backends.dafka.config import Config
-from backends.dafka.observer import Observer
+from backends.dafka.observer import NotSettled, Observer
 from backends.dafka.producer import Producer
 from backends.dafka.store import Store
+from backends.dafka.test_peer import TestPeer
 from tests.support.waiting import wait_until
 
 
@@ -40,3 +43,84 @@ def test_heads_of_a_topic_are_its_own_partitions_only(dafka_config: Config, stor
         observer.close()
         for producer in producers:
             producer.close(timeout=0)
+
+
+def test_an_empty_store_ends_its_answer_so_the_observer_settles(
+    dafka_config: Config, store: Store
+) -> None:
+    observer = Observer(dafka_config, zmq.Context.instance())
+    try:
+        observer.wait_settled(1, 10)
+        assert observer.answered() == 1, "the empty store's END_OF_HEADS did not count"
+        assert observer.topics() == set()
+    finally:
+        observer.close()
+
+
+def _greeted(peer: TestPeer, observer: Observer) -> str:
+    """Make `peer` a store reader the observer greets; the requester address it uses."""
+    peer.wait_subscribed(proto.subscription(proto.STORE_HELLO, observer.address), 10)
+    peer.send_store_hello(observer.address)
+    hello = peer.recv_id(proto.CONSUMER_HELLO, 10)
+    assert hello.subjects == [proto.EVERY_SUBJECT], hello
+    peer.wait_subscribed(proto.subscription(proto.DIRECT_HEAD, hello.address), 10)
+    return hello.address
+
+
+def _end_of_heads(peer: TestPeer, requester: str, sent: int) -> None:
+    peer.send(
+        proto.Message(
+            proto.DIRECT_HEAD,
+            requester.encode(),
+            address=peer.address,
+            subject=proto.EVERY_SUBJECT,
+            sequence=sent,
+        )
+    )
+
+
+def test_a_slow_store_is_waited_for_until_its_answer_ends(
+    dafka_config: Config, test_peer: TestPeer
+) -> None:
+    """A store that answers later than `settle` (a loaded machine; played by a scripted
+    peer, as a real store cannot be slowed on purpose): the observer is not settled before
+    its END_OF_HEADS, so a restarted gateway never resumes a partition below the stored
+    head (which lost DUMP-confirmed records: the stores drop a record at an offset they
+    hold, and ACK it)."""
+    observer = Observer(dafka_config, zmq.Context.instance(), settle=0.1)
+    try:
+        requester = _greeted(test_peer, observer)
+        with pytest.raises(NotSettled, match="0 of 1 Dafka store"):
+            observer.wait_settled(1, 1.0)  # ten times `settle` with no answer
+        test_peer.send_direct_head(requester, "t", 41)
+        _end_of_heads(test_peer, requester, 1)
+        observer.wait_settled(1, 10)
+        assert observer.stored_head("t", test_peer.address) == 41
+        # The mark is not a partition.
+        assert observer.topics() == {"t"}
+    finally:
+        observer.close()
+
+
+def test_a_store_that_does_not_end_its_answer_is_greeted_again(
+    dafka_config: Config, test_peer: TestPeer
+) -> None:
+    """A hello (or its answer) lost on the way: the observer asks again until the store's
+    answer ends, and not after."""
+    observer = Observer(dafka_config, zmq.Context.instance(), settle=0.1)
+    try:
+        requester = _greeted(test_peer, observer)
+        again = test_peer.recv_id(proto.CONSUMER_HELLO, 10)  # the first one went unanswered
+        assert again.address == requester and again.subjects == [proto.EVERY_SUBJECT]
+        _end_of_heads(test_peer, requester, 0)
+        observer.wait_settled(1, 10)
+        assert observer.answered() == 1
+        # Settled: no more hellos (one may have been on its way; retries come every 0.25 s).
+        late = 0
+        with pytest.raises(TimeoutError):
+            while True:
+                test_peer.recv_id(proto.CONSUMER_HELLO, 1.0)
+                late += 1
+                assert late <= 1, "greeted again after its answer ended"
+    finally:
+        observer.close()

@@ -216,3 +216,36 @@ def test_one_address_opens_once_and_nothing_opens_after_close(
         partition.publish(b"late")
     with pytest.raises(RuntimeError, match="closed"):
         publisher.open("t", address=address())
+
+
+def test_a_partition_started_below_the_stored_head_reports_a_conflict_not_acks(
+    dafka_config: Config, store: Store
+) -> None:
+    """A writer that resumes an address below what the stores hold (two gateways with
+    one dafka.node, or a restart that misjudged the head): the store drops each record
+    at an offset it holds and answers the HEAD with ACK(its head). That ACK says nothing
+    of our records, so it releases none of them and `on_conflict` tells the writer."""
+    taken = address()
+    first = Publisher(dafka_config, zmq.Context.instance())
+    try:
+        written = first.open("t", address=taken)
+        written.publish_many([b"old-0", b"old-1", b"old-2", b"old-3"])
+        wait_acked([written], 10, "the first writer's records")
+    finally:
+        first.close(timeout=0)
+    acked: list[int] = []
+    conflicts: list[int] = []
+    second = Publisher(dafka_config, zmq.Context.instance())
+    try:
+        stale = second.open(
+            "t", address=taken, first_sequence=1, on_ack=acked.append, on_conflict=conflicts.append
+        )
+        stale.publish_many([b"new-1", b"new-2"])
+        wait_until(lambda: conflicts, 10, "a conflict reported for the ACK of the stored head")
+        assert conflicts[0] == 3, conflicts
+        assert acked == [], "an ACK of records another writer wrote released ours"
+        assert stale.unacked_count() == 2
+        records = store.storage.records(b"t", taken.encode())
+        assert [content for _, content in records] == [b"old-0", b"old-1", b"old-2", b"old-3"]
+    finally:
+        second.close(timeout=0)

@@ -204,18 +204,20 @@ def test_writer_sends_get_heads_for_every_subject_periodically(
 def test_get_heads_of_the_empty_subject_answers_every_partition(
     linked: TestPeer, store: Store
 ) -> None:
-    """What C's prefix match answers to "" (spec §5.4), and what a catching-up writer asks."""
+    """What C's prefix match answers to "" (spec §5.4), and what a catching-up writer asks;
+    then (beyond C) the END_OF_HEADS mark: subject "", the reader's uuid, 3 heads sent."""
     store_records(linked, "all-a", [b"0", b"1"])
     store_records(linked, "all-b", [b"0"])
     requester = uuid.uuid4().hex.upper()
     linked.send(Message(proto.GET_HEADS, b"", address=requester))
-    heads = recv_direct_heads(linked, requester, 3)
+    heads = recv_direct_heads(linked, requester, 4)
     partition = linked.address
-    assert sorted(heads) == [
+    assert sorted(heads[:3]) == [
         (partition, "all-a", 1),
         (partition, "all-b", 0),
         (partition, "sentinel", 0),
     ]
+    assert heads[3] == (store.reader_address, proto.EVERY_SUBJECT, 3), "the mark comes last"
 
 
 def test_reader_ignores_its_own_writers_heads_requests(linked: TestPeer, store: Store) -> None:

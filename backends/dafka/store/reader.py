@@ -29,6 +29,7 @@ from backends.dafka.beacon import (
     subscription_events,
 )
 from backends.dafka.node import SocketFactory
+from backends.dafka.proto import EVERY_SUBJECT
 from backends.dafka.store.actor import StoreActor, StoreParts
 
 log = structlog.get_logger(__name__)
@@ -113,11 +114,16 @@ class Reader(StoreActor):
                     subject = msg.topic.decode()
                     # Watch before reading the heads: see head_push.py's docstring.
                     self.push.watch(msg.address, subject)
-                    self._send_heads(msg.address, subject)
+                    sent = self._send_heads(msg.address, subject)
+                    if subject == EVERY_SUBJECT:
+                        self._end_of_heads(msg.address, sent)
                 elif msg.id == proto.CONSUMER_HELLO:
+                    sent = 0
                     for subject in msg.subjects:
                         self.push.watch(msg.address, subject)
-                        self._send_heads(msg.address, subject)
+                        sent += self._send_heads(msg.address, subject)
+                    if EVERY_SUBJECT in msg.subjects:
+                        self._end_of_heads(msg.address, sent)
             except (proto.MalformedMessage, UnicodeDecodeError) as error:
                 if self.verbose:
                     log.debug("dafka store reader dropped a message", error=str(error))
@@ -148,11 +154,12 @@ class Reader(StoreActor):
                 sent=sent,
             )
 
-    def _send_heads(self, requester: str, subject: str) -> None:
+    def _send_heads(self, requester: str, subject: str) -> int:
         """DIRECT_HEAD of each partition of exactly `subject` (fixing §10.11); "" asks for
-        every subject, as C's prefix match answers it (a store writer catching up uses it)."""
+        every subject, as C's prefix match answers it (a store writer catching up uses it).
+        Returns how many were sent."""
         if not requester:
-            return
+            return 0
         if subject:
             raw = subject.encode()
             heads: Iterable[tuple[bytes, bytes, int]] = (
@@ -161,8 +168,18 @@ class Reader(StoreActor):
         else:
             heads = self.storage.partitions()
         topic = requester.encode()
+        sent = 0
         for subject_b, partition, head in heads:
             self._direct_head(topic, subject_b.decode(), partition.decode(), head)
+            sent += 1
+        return sent
+
+    def _end_of_heads(self, requester: str, sent: int) -> None:
+        """After the answer to "every subject": the END_OF_HEADS mark (`proto.py`), so the
+        asker knows it has every head, where "no more came for a while" was a guess that a
+        slow or not yet connected store could make wrong."""
+        if requester:
+            self._direct_head(requester.encode(), EVERY_SUBJECT, self.uuid, sent)
 
     def _direct_head(self, requester: bytes, subject: str, partition: str, head: int) -> None:
         reply = proto.Message(

@@ -303,7 +303,7 @@ class Writer(StoreActor):
     def _on_head(self, frames: list[bytes]) -> None:
         """HEAD from a producer, or DIRECT_HEAD from another store: FETCH what we lack."""
         msg = proto.decode(frames)
-        if msg.id != proto.HEAD and msg.id != proto.DIRECT_HEAD:
+        if (msg.id != proto.HEAD and msg.id != proto.DIRECT_HEAD) or proto.is_end_of_heads(msg):
             return
         part = self._partition(msg.subject, msg.address)
         if msg.sequence > part.head:
