@@ -8,6 +8,9 @@ tally per handle in a dict that thread owns; after each `poll()` returns, the ba
 applied at once: each handle's outstanding count and the Stats are updated once, and a
 handle's flush is woken (`call_soon_threadsafe`) when its count reaches 0. Per-record
 locking on the poll thread fought the event loop for the GIL and the locks.
+
+Records go to librdkafka in one produce_batch() per topic and loop pass where it is sure
+to take them (backends.kafka.pending), else one produce() each, as before.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from confluent_kafka import KafkaError, KafkaException, Message
 from confluent_kafka import Producer as RdProducer
 
 from backends.base import ProduceError, Producer, ProducerCreationError, QueueFullError, Stats
+from backends.kafka.pending import Pending
 from backends.kafka.texts import creation_error_text, error_text
 from backends.settings import redacted
 
@@ -50,6 +54,7 @@ class SharedProducer:
             self.rd = RdProducer(conf)
         except Exception as exc:  # librdkafka rejects names and values here
             raise ProducerCreationError(creation_error_text(exc)) from exc
+        self.pending = Pending(self.rd, config)
         # Records of each handle settled (delivered or failed) since the last batch was
         # applied, and how many of them failed. Only the thread serving callbacks touches
         # them: the poll thread, or close() once that thread has ended.
@@ -140,6 +145,7 @@ class SharedProducer:
 
         Returns the number of records abandoned (purged) at the end.
         """
+        self.pending.send()
         self._stopping.set()
         return await asyncio.to_thread(self._close_blocking, timeout)
 
@@ -183,17 +189,32 @@ class ProducerHandle(Producer):
         self._rd_produce = shared.rd.produce
         self._settled_batch = shared.settled
         self._delivery_cb = self._on_delivery
+        self._learning_cb = self._on_delivery_learning
+        self._pending = shared.pending
+        self._known = shared.pending.known
         self._refused_at = 0  # the shared producer's generation at the last Queue full
 
     def produce(self, topic: str, key: bytes | None, value: bytes) -> None:
         if self._closed:
             raise ProduceError(CLOSED)
-        self._produced += 1  # first: the poll thread may deliver it before we return
         shared = self._shared
+        pending = self._pending
+        size = len(value) if key is None else len(value) + len(key)
+        self._produced += 1  # first: the poll thread may deliver it before we return
+        if (
+            topic in self._known
+            and size <= pending.max_size
+            and pending.take(topic, key, value, size, self._delivery_cb)
+        ):
+            shared.produced += 1
+            return
+        pending.send()  # the records accepted before this one go first
+        pending.saw(size)
         refused_at = shared.generation
+        on_delivery = self._delivery_cb if topic in self._known else self._learning_cb
         try:
             # Positional (topic, value, key, partition, on_delivery): no keyword matching.
-            self._rd_produce(topic, value, key, _ANY_PARTITION, self._delivery_cb)
+            self._rd_produce(topic, value, key, _ANY_PARTITION, on_delivery)
         except _REFUSALS as exc:
             self._unproduce(1)
             self._refused_at = refused_at
@@ -207,20 +228,38 @@ class ProducerHandle(Producer):
         count = len(values)
         if not count:
             return 0
-        self._produced += count  # all first: the poll thread may deliver the first ones
-        rd_produce, on_delivery = self._rd_produce, self._delivery_cb
-        enqueued = 0
+        # All first: the poll thread may deliver the first ones before we return.
+        self._produced += count
+        pending = self._pending
+        extra = 0 if key is None else len(key)
+        largest = max(map(len, values)) + extra
+        taken = 0
+        if topic in self._known and largest <= pending.max_size:
+            # Deferred while librdkafka surely takes them; the rest, if any, go alone.
+            take, on_delivery = pending.take, self._delivery_cb
+            for value in values:
+                if not take(topic, key, value, len(value) + extra, on_delivery):
+                    break
+                taken += 1
+            self._shared.produced += taken
+            if taken == count:
+                return count
+        pending.send()  # the records accepted before these go first
+        pending.saw(largest)
+        rd_produce = self._rd_produce
+        on_delivery = self._delivery_cb if topic in self._known else self._learning_cb
+        enqueued = taken
         refused_at = self._shared.generation
         try:
-            for enqueued, value in enumerate(values):  # noqa: B007 (read on refusal)
-                rd_produce(topic, value, key, _ANY_PARTITION, on_delivery)
+            for enqueued in range(taken, count):  # `enqueued` is read on refusal
+                rd_produce(topic, values[enqueued], key, _ANY_PARTITION, on_delivery)
         except _REFUSALS as exc:
             # `enqueued` is the refused record's index: the ones before it stay queued.
             self._unproduce(count - enqueued)
-            self._shared.produced += enqueued
+            self._shared.produced += enqueued - taken
             self._refused_at = refused_at
             raise _refusal(exc, enqueued) from None
-        self._shared.produced += count
+        self._shared.produced += count - taken
         return count
 
     def _unproduce(self, count: int) -> None:
@@ -247,6 +286,7 @@ class ProducerHandle(Producer):
                 loop.call_soon_threadsafe(_wake, future)
 
     async def wait_for_room(self, timeout: float) -> None:
+        self._pending.send()
         await self._shared.wait_for_room(self._refused_at, timeout)
 
     def outstanding(self) -> int:
@@ -260,7 +300,28 @@ class ProducerHandle(Producer):
         if error is not None:
             self._shared.note_failure(self._session_id, error, message)
 
+    def _on_delivery_learning(self, error: KafkaError | None, message: Message) -> None:
+        """_on_delivery for a topic not known yet: a delivered record makes it known, so
+        that its next records may be batched (backends.kafka.pending)."""
+        self._on_delivery(error, message)
+        if error is None:
+            topic = message.topic()
+            if topic is not None:
+                self._known.add(topic)
+
+    def note_refused(self, error: str, topic: str, value: bytes) -> None:
+        """A deferred record librdkafka refused (on the loop's thread): a delivery error."""
+        self._stats.incr(Stats.DELIVERY_ERRORS)
+        log.warning(
+            "Error delivering record",
+            session=self._session_id,
+            topic=topic,
+            value=value[:_VALUE_PREVIEW],
+            error=error,
+        )
+
     async def flush(self, timeout: float) -> int:
+        self._pending.send()  # now rather than at the next pass: they leave sooner
         if timeout <= 0:
             return self.outstanding()
         loop = asyncio.get_running_loop()
