@@ -76,6 +76,13 @@ class Pending:
         self._room_count = 0  # as of the last look at librdkafka's queue
         self._room_bytes = 0
         self._scheduled = False
+        self._closed = False
+
+    def close(self) -> None:
+        """Send what is deferred and defer nothing more (the producer is closing)."""
+        self.send()
+        self._closed = True
+        self._room_count = self._room_bytes = 0
 
     def take(
         self, topic: str, key: bytes | None, value: bytes, size: int, callback: Callable[..., None]
@@ -83,6 +90,8 @@ class Pending:
         """Defer one record if librdkafka is sure to take it; False: produce it alone."""
         if self._count >= self._room_count or self._bytes + size > self._room_bytes:
             self.send()
+            if self._closed:  # produce() gives the closed producer's refusal, as before
+                return False
             self._look(size)
             if self._room_count < 1 or size > self._room_bytes:
                 return False

@@ -145,7 +145,7 @@ class SharedProducer:
 
         Returns the number of records abandoned (purged) at the end.
         """
-        self.pending.send()
+        self.pending.close()
         self._stopping.set()
         return await asyncio.to_thread(self._close_blocking, timeout)
 

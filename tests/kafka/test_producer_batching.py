@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from backends.base import QueueFullError, Stats
+from backends.base import ProduceError, QueueFullError, Stats
 from backends.kafka.engine import KafkaEngine
 from backends.kafka.producer import ProducerHandle
 from tests.support.consuming import WAIT, asyncio_test, consume, new_group
@@ -95,3 +95,22 @@ async def test_records_accepted_just_before_stop_are_delivered(tansu: TansuBroke
         got = [record.value for record in await consume(consumer, 21)]
         await consumer.close()
     assert got == [b"first", *(b"last-%d" % i for i in range(20))]
+
+
+@asyncio_test
+async def test_a_handle_outliving_the_engine_is_refused_on_a_known_topic(
+    tansu: TansuBroker,
+) -> None:
+    """As tests/kafka/test_engine.py's, on a topic whose records would be batched: still
+    refused at once, not accepted and lost."""
+    topic = tansu.create_topic()
+    async with running_engine(tansu.bootstrap) as engine:
+        handle = engine.producer("s")
+        await known(engine, handle, topic)
+    with pytest.raises(ProduceError, match="Producer has been closed"):
+        handle.produce(topic, None, b"x")
+    with pytest.raises(ProduceError, match="Producer has been closed"):
+        handle.produce_many(topic, None, [b"y", b"z"])
+    assert handle.outstanding() == 0, "refused records must not stay outstanding"
+    assert engine.stats.get(Stats.PRODUCED) == 1
+    assert engine.stats.get(Stats.DELIVERY_ERRORS) == 0
