@@ -258,7 +258,7 @@ def kafka_bench(args: argparse.Namespace, problems: Problems) -> None:
     with TansuBroker() as broker, tempfile.TemporaryDirectory() as scratch:
         config = Path(scratch) / "librdkafka.json"
         config.write_text(json.dumps(kafka_config(broker.bootstrap, args.linger_ms)))
-        gateway = RafkaProcess(config)
+        gateway = RafkaProcess(config, None, "--event-loop", args.event_loop)
         gateway.start()
         redis_server = start_redis_server()
         redis_port = redis_server.port
@@ -322,7 +322,8 @@ def kafka_bench(args: argparse.Namespace, problems: Problems) -> None:
             row("  produce, RPUSHX with 100 values", multi, direct, "direct producer")
             ceiling_row(ceiling)
             print()
-            kafka_consume(args, broker, gateway.port, problems)
+            if not args.kafka_produce_only:
+                kafka_consume(args, broker, gateway.port, problems)
         finally:
             redis_server.stop()
             gateway.terminate()
@@ -1093,6 +1094,11 @@ def main() -> int:
     )
     parser.add_argument(
         "--kafka-consume-only", action="store_true", help="Kafka: only the consume rows"
+    )
+    parser.add_argument(
+        "--kafka-produce-only",
+        action="store_true",
+        help="Kafka: only the RESP front and produce rows (no consume rows)",
     )
     parser.add_argument(
         "--settle",

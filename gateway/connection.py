@@ -22,6 +22,7 @@ import structlog
 
 from gateway import errors
 from gateway.commands import dispatch
+from gateway.commands.produce import rpushx_run
 from gateway.context import ServerContext
 from gateway.flow import FlowControl
 from gateway.idle import IdleTimer, PartialCommandTimer
@@ -69,6 +70,9 @@ _IMMEDIATE: frozenset[type] = frozenset(
         tuple,
     }
 )
+
+# The spellings of RPUSHX run together with the RPUSHX to the same key behind them.
+_RPUSHX: frozenset[bytes] = frozenset({b"RPUSHX", b"rpushx"})
 
 # A command that waits, as _execute hands it to _run: a final class, so that the check
 # `type(reply) is types.CoroutineType` tells mypy which of the two it is.
@@ -246,7 +250,10 @@ class Connection(asyncio.Protocol):
                 if command is None:
                     break
                 completed = True
-                reply = self._execute(command)
+                if len(command) > 2 and command[0] in _RPUSHX and latency is None:
+                    reply = self._run_rpushx(command, out)
+                else:
+                    reply = self._execute(command)
                 if type(reply) is types.CoroutineType:
                     # Answer what came before, then wait without blocking the others.
                     if out:
@@ -285,6 +292,32 @@ class Connection(asyncio.Protocol):
         """Run the commands left in the parser when a batch of replies was written."""
         if not self._ended and self._command is None and not self._flow.write_paused:
             self._run()
+
+    def _run_rpushx(self, command: list[bytes], out: list[bytes]) -> Reply | Waiting:
+        """An RPUSHX and the RPUSHX to the same key parsed right behind it, run as one
+        each would be (gateway.commands.produce.rpushx_run): the replies of all but the
+        last onto `out`; the last one's reply (or what waits for it) is returned as
+        _execute's. Only when dispatch would do nothing but call rpushx: the client is
+        authenticated and no MONITOR is on (nor the latency clock: _run checks)."""
+        session = self.session
+        assert session is not None
+        if not session.authenticated or session.ctx.monitors.registered:
+            return self._execute(command)
+        try:
+            answers = rpushx_run(session, command, self._parser.next_like)
+        except Exception:
+            log.exception("command failed", client=session.id, command=command[:1])
+            return ErrorReply(errors.internal_error().text)
+        protocol = session.protocol
+        last = len(answers) - 1
+        for at, answer in enumerate(answers):
+            reply: Any = ErrorReply(answer.text) if isinstance(answer, errors.RespError) else answer
+            if at == last:
+                if type(reply) in _IMMEDIATE or not inspect.isawaitable(reply):
+                    return cast(Reply, reply)
+                return cast(Waiting, self._wait(reply, command))
+            encode_into(reply, protocol, out)
+        raise AssertionError("rpushx_run answers at least one command")
 
     def _execute(self, command: list[bytes]) -> Reply | Waiting:
         """The command's reply, or a coroutine that answers it (a waiting command)."""

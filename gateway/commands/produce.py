@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeAlias
+
+import structlog
 
 from backends.base import ProduceError, Producer, ProducerCreationError, QueueFullError
 from gateway import errors
 from gateway.commands.base import Answer, Reply, text
 from gateway.goparse import GoParseError, parse_int
 from gateway.session import Session
+
+log = structlog.get_logger("rafka.gateway.server")
 
 
 def session_producer(session: Session) -> Producer:
@@ -57,14 +62,79 @@ def rpushx(session: Session, args: list[bytes]) -> Answer:
             # On a refusal the values before it stay enqueued, as with one call each.
             producer.produce_many(topic, key, args[2:])
     except QueueFullError as full:
-        bound = session.ctx.config.produce_block_timeout
-        if bound <= 0:
-            raise errors.from_engine(full) from None
-        session.stop_reading = True
-        return _when_room(session, producer, topic, key, args[2 + full.enqueued :], count)
+        return _queue_full(session, producer, topic, key, args, full)
     except ProduceError as error:
         raise errors.from_engine(error) from None
     return count
+
+
+# What rpushx_run answers for one command: its reply, or the error to answer.
+RunAnswer: TypeAlias = "Answer | errors.RespError"
+
+
+def rpushx_run(
+    session: Session, args: list[bytes], following: Callable[[bytes, bytes], list[bytes] | None]
+) -> list[RunAnswer]:
+    """RPUSHX `args`, then each RPUSHX with the same name and key already parsed behind
+    it (`following(name, key)` takes the next one, or None), exactly as one rpushx() each
+    (which the connection may call in their place once it knows no MONITOR, latency
+    clock or AUTH needs to see each command): the answers in order. The last answer may
+    be one that waits (room in the queue); then no command after it was taken.
+
+    Paid once per run instead of per command: the connection's dispatch, the key's
+    parsing and the session's producer look-up."""
+    try:
+        topic, key = _TARGETS.get(args[1]) or _target(args[1])
+        producer = session.producer
+        if producer is None:
+            producer = session_producer(session)
+    except errors.RespError as error:  # as rpushx would answer each: the first one only
+        return [error]
+    answers: list[RunAnswer] = []
+    name, raw_key = args[0], args[1]
+    produce = producer.produce
+    while True:
+        count = len(args) - 2
+        try:
+            if count == 1:
+                produce(topic, key, args[2])
+            else:
+                producer.produce_many(topic, key, args[2:])
+            answers.append(count)
+        except QueueFullError as full:
+            try:
+                answer = _queue_full(session, producer, topic, key, args, full)
+            except errors.RespError as error:
+                answers.append(error)
+            else:
+                answers.append(answer)
+                return answers  # it waits: the commands behind it run after it
+        except ProduceError as error:
+            answers.append(errors.from_engine(error))
+        except Exception:  # as the connection answers a command that failed
+            log.exception("command failed", client=session.id, command=[name])
+            answers.append(errors.internal_error())
+        after = following(name, raw_key)
+        if after is None:
+            return answers
+        args = after
+
+
+def _queue_full(
+    session: Session,
+    producer: Producer,
+    topic: str,
+    key: bytes | None,
+    args: list[bytes],
+    full: QueueFullError,
+) -> Answer:
+    """RPUSHX `args` was refused with the queue full after `full.enqueued` values: wait
+    for room (see _when_room), or Rafka's error at once without a bound."""
+    bound = session.ctx.config.produce_block_timeout
+    if bound <= 0:
+        raise errors.from_engine(full) from None
+    session.stop_reading = True
+    return _when_room(session, producer, topic, key, args[2 + full.enqueued :], len(args) - 2)
 
 
 async def _when_room(

@@ -143,6 +143,11 @@ class RequestParser(ABC):
     def pending(self) -> bool:
         """True while part of a command has arrived but not all of it."""
 
+    def next_like(self, name: bytes, first: bytes) -> list[bytes] | None:
+        """Take the next command if it is parsed already and is `name first ...` with at
+        least one more argument; else None, and nothing is taken."""
+        return None
+
 
 class FastPath(ABC):
     """A faster reader of runs of complete multibulk commands, in front of the state
@@ -252,6 +257,14 @@ class PythonRequestParser(RequestParser):
     @property
     def pending(self) -> bool:
         return self._args is not None or self._pos < len(self._buf) or self._chunked > 0
+
+    def next_like(self, name: bytes, first: bytes) -> list[bytes] | None:
+        ready = self._ready
+        if ready:
+            command = ready[0]
+            if len(command) > 2 and command[1] == first and command[0] == name:
+                return ready.popleft()
+        return None
 
     def get_command(self) -> list[bytes] | None:
         if self._ready:

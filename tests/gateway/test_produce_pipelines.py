@@ -117,3 +117,81 @@ def test_del_stats_zeroes_the_produced_count_and_counting_goes_on(
         counted = stats(raw)
         assert counted[b"producer.produced.messages"] == 3
         assert counted[b"producer.delivered.messages"] == 3
+
+
+def command(*args: bytes) -> bytes:
+    return b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in args)
+
+
+def mixed(topic: str) -> list[bytes]:
+    """RPUSHX to one key one behind the other (the gateway runs them together), broken by
+    commands it must answer as alone: a wrong arity, a bad key form, another key, another
+    spelling of RPUSHX, a PING."""
+    key = b"topics:%s:a" % topic.encode()
+    return [
+        command(b"RPUSHX", key, b"v0"),
+        command(b"RPUSHX", key, b"v1", b"v2"),
+        command(b"RPUSHX", key),
+        command(b"RPUSHX", key, b"v3"),
+        command(b"RPUSHX", b"no-colon", b"x"),
+        command(b"RPUSHX", b"topics:%s:b" % topic.encode(), b"w0"),
+        command(b"RPUSHX", key, b"v4"),
+        command(b"rpushx", key, b"v5"),
+        command(b"RPUSHX", key, b"v6"),
+        command(b"PING"),
+        command(b"RPUSHX", key, b"v7"),
+        command(b"DUMP", b"30000"),
+    ]
+
+
+def consume(raw: Raw, topic: str, count: int) -> list[bytes]:
+    raw.command("CLIENT", "SETNAME", f"{topic}:reader")
+    assert raw.read_reply() in ("OK", b"OK")
+    got: list[bytes] = []
+
+    def consumed_all() -> bool:
+        raw.command("BLMPOP", "2", "1", f"topics:{topic}", "LEFT", "COUNT", "100")
+        reply = raw.read_reply()
+        if reply is not None:
+            got.extend(record[7] for record in reply[1])
+        return len(got) >= count
+
+    wait_until(consumed_all, 60, f"{count} records of {topic} consumed", interval=0)
+    return got
+
+
+def test_rpushx_behind_rpushx_is_answered_as_alone(
+    server: ServerThread, new_topic: Callable[[int], str]
+) -> None:
+    """The same commands pipelined and sent one round trip at a time: the same replies,
+    and the same records in the same order (one partition)."""
+    alone, piped = new_topic(1), new_topic(1)
+    with Raw(server.port, timeout=60) as raw:
+        one_by_one = []
+        for data in mixed(alone):
+            raw.send(data)
+            one_by_one.append(raw.read_reply())
+        commands = mixed(piped)
+        raw.send(b"".join(commands))
+        pipelined = [raw.read_reply() for _ in commands]
+        assert pipelined == one_by_one
+        assert pipelined[:4] == [1, 2, pipelined[2], 1] and pipelined[-1] == 0
+        assert isinstance(pipelined[2], tuple) and pipelined[2][0] == "-", "arity error"
+        expected = [b"v0", b"v1", b"v2", b"v3", b"w0", b"v4", b"v5", b"v6", b"v7"]
+        assert consume(raw, alone, 9) == expected
+    with Raw(server.port, timeout=60) as raw:
+        assert consume(raw, piped, 9) == expected
+
+
+def test_monitor_sees_each_rpushx_of_a_pipeline(
+    server: ServerThread, new_topic: Callable[[int], str]
+) -> None:
+    key = b"topics:%s" % new_topic(1).encode()
+    with Raw(server.port, timeout=30) as monitor, Raw(server.port, timeout=30) as producer:
+        monitor.command("MONITOR")
+        assert monitor.read_line() == b"+OK\r\n"
+        producer.send(b"".join(command(b"RPUSHX", key, b"m%d" % n) for n in range(3)))
+        assert [producer.read_reply() for _ in range(3)] == [1, 1, 1]
+        lines = [monitor.read_line() for _ in range(3)]
+        for n, line in enumerate(lines):
+            assert b'"RPUSHX" "%s" "m%d"' % (key, n) in line, line

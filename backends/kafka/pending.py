@@ -1,0 +1,169 @@
+"""Records accepted during one event-loop pass, handed to librdkafka in one call per topic.
+
+Why: with `queue.buffering.max.ms` 0 (Rafka's configuration) librdkafka's broker thread
+sends whatever it holds as soon as a record arrives. One produce() per RPUSHX, each ~3 us
+of Python apart, left in requests of a few records each, and the broker and librdkafka
+paid per request several times what they pay per record in large ones. Records accepted
+during one pass (every command of every connection read in it) now reach librdkafka in
+one `produce_batch()` per topic at the next pass (or sooner: before a DUMP waits, before
+a record that must go alone, at close), so they leave together.
+
+What must not change, and how it holds:
+- RPUSHX answers how many records were queued, or refuses at once. A record is only
+  deferred when librdkafka is sure to take it: `room` bounds what its queue can still take
+  (`queue.buffering.max.messages` and `.kbytes` against what it holds, `len()`; only the
+  loop thread adds to it, so room only grows meanwhile), its size is well under
+  `message.max.bytes`, and its topic has had a record delivered (`known`): librdkafka
+  refuses a topic it knows is missing (`Local: Unknown topic`) at produce() time, so a
+  topic not known yet goes through produce() as before. Anything else goes through
+  produce() after the pending records (order kept), with its refusal as before.
+- Order per partition: records of one topic keep their order in the batch, and a record
+  that goes alone is produced after the pending ones.
+- DUMP: a deferred record counts as produced (outstanding) when accepted; its delivery
+  callback is the same as produce()'s.
+- A batch that librdkafka still refuses (a topic deleted meanwhile, a producer closed):
+  its records count as delivery errors, each logged, and the topic is no longer `known`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from confluent_kafka import KafkaError
+
+# librdkafka's defaults for the properties bounding its queue and its records.
+_DEFAULT_MAX_MESSAGES = 100_000
+_DEFAULT_MAX_KBYTES = 1_048_576
+_DEFAULT_MESSAGE_MAX_BYTES = 1_000_000
+# Bytes of a record's wire size beyond its key and value that librdkafka adds before
+# comparing with message.max.bytes (its v2 overhead is well under this).
+_WIRE_MARGIN = 1024
+
+
+class Owner(Protocol):
+    """The producer handle a deferred record belongs to (backends.kafka.producer)."""
+
+    def settle(self, count: int) -> None: ...
+
+    def note_refused(self, error: str, topic: str, value: bytes) -> None: ...
+
+
+def _int(config: Mapping[str, Any], name: str, default: int) -> int:
+    try:
+        return int(str(config.get(name, default)))
+    except ValueError:  # librdkafka has refused the configuration already
+        return default
+
+
+class Pending:
+    """The records deferred to the next `send()`, and the room librdkafka surely has."""
+
+    def __init__(self, rd: Any, config: Mapping[str, Any]) -> None:
+        self._rd = rd
+        self._max_messages = _int(config, "queue.buffering.max.messages", _DEFAULT_MAX_MESSAGES)
+        self._max_bytes = _int(config, "queue.buffering.max.kbytes", _DEFAULT_MAX_KBYTES) * 1024
+        # Records at most this large (key and value) are deferred.
+        self.max_size = _int(config, "message.max.bytes", _DEFAULT_MESSAGE_MAX_BYTES) - _WIRE_MARGIN
+        # Topics that had a record delivered: librdkafka knows them (written by the thread
+        # serving callbacks, read by the loop; set operations are atomic under the GIL).
+        self.known: set[str] = set()
+        self._batches: dict[str, list[dict[str, Any]]] = {}
+        self._count = 0
+        self._bytes = 0
+        self._largest = 0  # the largest record deferred so far: bounds what the queue holds
+        self._room_count = 0  # as of the last look at librdkafka's queue
+        self._room_bytes = 0
+        self._scheduled = False
+        self._closed = False
+
+    def close(self) -> None:
+        """Send what is deferred and defer nothing more (the producer is closing)."""
+        self.send()
+        self._closed = True
+        self._room_count = self._room_bytes = 0
+
+    def take(
+        self, topic: str, key: bytes | None, value: bytes, size: int, callback: Callable[..., None]
+    ) -> bool:
+        """Defer one record if librdkafka is sure to take it; False: produce it alone."""
+        if self._count >= self._room_count or self._bytes + size > self._room_bytes:
+            self.send()
+            if self._closed:  # produce() gives the closed producer's refusal, as before
+                return False
+            self._look(size)
+            if self._room_count < 1 or size > self._room_bytes:
+                return False
+        if size > self._largest:
+            self._largest = size
+        message = (
+            {"value": value, "callback": callback}
+            if key is None
+            else {"value": value, "key": key, "callback": callback}
+        )
+        batch = self._batches.get(topic)
+        if batch is None:
+            self._batches[topic] = [message]
+        else:
+            batch.append(message)
+        self._count += 1
+        self._bytes += size
+        if not self._scheduled:
+            self._schedule()
+        return True
+
+    def saw(self, size: int) -> None:
+        """A record of `size` bytes went to librdkafka alone: it bounds what it holds too."""
+        if size > self._largest:
+            self._largest = size
+
+    def _look(self, size: int) -> None:
+        """What librdkafka's queue can still take, whatever was delivered meanwhile."""
+        held = len(self._rd)  # records in its queue, in flight and reports not served
+        self._room_count = self._max_messages - held
+        self._room_bytes = self._max_bytes - held * max(self._largest, size)
+
+    def _schedule(self) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop in this thread: nothing would send them later
+            self.send()
+            return
+        self._scheduled = True
+        loop.call_soon(self.send)
+
+    def send(self) -> None:
+        """Hand every deferred record to librdkafka: one produce_batch() per topic."""
+        self._scheduled = False
+        if not self._count:
+            return
+        batches, self._batches = self._batches, {}
+        self._room_count -= self._count
+        self._room_bytes -= self._bytes
+        self._count = self._bytes = 0
+        produce_batch = self._rd.produce_batch
+        for topic, messages in batches.items():
+            try:
+                queued = produce_batch(topic, messages)
+            except Exception as exc:  # e.g. RuntimeError: the producer was closed
+                self._refused(topic, messages, str(exc))
+                continue
+            if queued != len(messages):
+                refused = [message for message in messages if "_error" in message]
+                self._refused(topic, refused, None)
+
+    def _refused(self, topic: str, messages: list[dict[str, Any]], text: str | None) -> None:
+        """Records librdkafka did not take: delivery errors of their owners."""
+        self.known.discard(topic)
+        for message in messages:
+            owner: Owner = message["callback"].__self__
+            error = text if text is not None else _error_text(message["_error"])
+            owner.note_refused(error, topic, message["value"])
+            owner.settle(1)
+
+
+def _error_text(error: Any) -> str:
+    if isinstance(error, KafkaError):
+        return str(error.str())
+    return str(error)

@@ -1,0 +1,116 @@
+"""The Kafka producer's batched path (backends.kafka.pending) against a real Tansu broker:
+records accepted in one loop pass reach librdkafka together, and nothing a user sees of
+produce() changes: refusals at once with the same texts and counts, order, DUMP, stop.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from backends.base import ProduceError, QueueFullError, Stats
+from backends.kafka.engine import KafkaEngine
+from backends.kafka.producer import ProducerHandle
+from tests.support.consuming import WAIT, asyncio_test, consume, new_group
+from tests.support.kafka import running_engine
+from tests.support.tansu import TansuBroker
+
+pytestmark = pytest.mark.kafka
+
+
+async def known(engine: KafkaEngine, handle: ProducerHandle, topic: str) -> None:
+    """Deliver one record to `topic`, after which its records take the batched path (a
+    topic not known yet goes through produce() alone: librdkafka refuses a missing topic
+    there); checked, else these tests would test the path of one produce() per record."""
+    handle.produce(topic, None, b"first")
+    assert await handle.flush(WAIT) == 0
+    assert topic in engine._shared_producer().pending.known, "the topic was not learned"
+
+
+@asyncio_test
+async def test_a_full_queue_refuses_batched_records_at_once_and_keeps_order(
+    tansu: TansuBroker,
+) -> None:
+    topic = tansu.create_topic(1)
+    # Room for 3 records, held 1 s: the calls below all find the queue as they left it.
+    small = {"queue.buffering.max.messages": "3", "queue.buffering.max.ms": "1000"}
+    async with running_engine(tansu.bootstrap, producer=small) as engine:
+        handle = engine.producer("s")
+        await known(engine, handle, topic)
+        with pytest.raises(QueueFullError) as full:
+            handle.produce_many(topic, None, [b"a", b"b", b"c", b"d", b"e"])
+        assert str(full.value) == "Local: Queue full"
+        assert full.value.enqueued == 3, "the values before the refused one stay queued"
+        with pytest.raises(QueueFullError, match=r"^Local: Queue full$"):
+            handle.produce(topic, None, b"f")
+        assert engine.stats.get(Stats.PRODUCED) == 4
+        assert handle.outstanding() == 3
+        assert await handle.flush(WAIT) == 0, "DUMP answered before the records were delivered"
+        assert engine.stats.get(Stats.DELIVERED) == 4
+        # Room again: accepted, and after the others.
+        handle.produce(topic, None, b"g")
+        assert await handle.flush(WAIT) == 0
+        consumer = await engine.consumer(new_group(), "c1", [topic], {})
+        got = [record.value for record in await consume(consumer, 5)]
+        assert got == [b"first", b"a", b"b", b"c", b"g"]
+        await consumer.close()
+        await handle.close(1)
+
+
+@asyncio_test
+async def test_records_of_many_handles_keep_their_order_and_flushes(tansu: TansuBroker) -> None:
+    topic = tansu.create_topic(1)
+    async with running_engine(tansu.bootstrap) as engine:
+        first, second = engine.producer("s1"), engine.producer("s2")
+        await known(engine, first, topic)
+        # One pass: both handles' records interleaved, single and many values.
+        for i in range(50):
+            first.produce(topic, None, b"1-%d" % i)
+            second.produce_many(topic, None, [b"2-%d-a" % i, b"2-%d-b" % i])
+        assert first.outstanding() == 50 and second.outstanding() == 100
+        assert engine.stats.get(Stats.PRODUCED) == 151, "records counted when accepted"
+        assert await second.flush(WAIT) == 0
+        assert second.outstanding() == 0
+        assert await first.flush(WAIT) == 0
+        assert engine.stats.get(Stats.DELIVERED) == 151
+        consumer = await engine.consumer(new_group(), "c1", [topic], {})
+        got = [record.value or b"" for record in await consume(consumer, 151)]
+        await consumer.close()
+        assert got[0] == b"first"
+        assert [v for v in got if v.startswith(b"1-")] == [b"1-%d" % i for i in range(50)]
+        expected = [v for i in range(50) for v in (b"2-%d-a" % i, b"2-%d-b" % i)]
+        assert [v for v in got if v.startswith(b"2-")] == expected
+
+
+@asyncio_test
+async def test_records_accepted_just_before_stop_are_delivered(tansu: TansuBroker) -> None:
+    topic = tansu.create_topic(1)
+    async with running_engine(tansu.bootstrap) as engine:
+        handle = engine.producer("s")
+        await known(engine, handle, topic)
+        handle.produce_many(topic, None, [b"last-%d" % i for i in range(20)])
+        # No DUMP, no loop pass: the engine stops at once, with them still deferred.
+    assert engine.stats.get(Stats.DELIVERED) == 21
+    async with running_engine(tansu.bootstrap) as reader:
+        consumer = await reader.consumer(new_group(), "c1", [topic], {})
+        got = [record.value for record in await consume(consumer, 21)]
+        await consumer.close()
+    assert got == [b"first", *(b"last-%d" % i for i in range(20))]
+
+
+@asyncio_test
+async def test_a_handle_outliving_the_engine_is_refused_on_a_known_topic(
+    tansu: TansuBroker,
+) -> None:
+    """As tests/kafka/test_engine.py's, on a topic whose records would be batched: still
+    refused at once, not accepted and lost."""
+    topic = tansu.create_topic()
+    async with running_engine(tansu.bootstrap) as engine:
+        handle = engine.producer("s")
+        await known(engine, handle, topic)
+    with pytest.raises(ProduceError, match="Producer has been closed"):
+        handle.produce(topic, None, b"x")
+    with pytest.raises(ProduceError, match="Producer has been closed"):
+        handle.produce_many(topic, None, [b"y", b"z"])
+    assert handle.outstanding() == 0, "refused records must not stay outstanding"
+    assert engine.stats.get(Stats.PRODUCED) == 1
+    assert engine.stats.get(Stats.DELIVERY_ERRORS) == 0
