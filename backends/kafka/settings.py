@@ -33,12 +33,23 @@ SECTIONS = ("general", "consumer", "producer")
 # each new record (100 groups: 4,150 MiB, produce and consume 10 times slower). With a
 # small queue, librdkafka's 1,000 ms wait before fetching again for a partition whose
 # queue was full (`fetch.queue.backoff.ms`) cut one consumer's rate to a fifth: 10 ms
-# kept it. docs/gateway.md ("What scale costs") has the figures.
+# kept it.
+# The queue bounds only when a fetch is sent, not what it brings: one fetch answer is
+# queued whole, up to `fetch.max.bytes` (Tansu ignores the per-partition
+# `fetch.message.max.bytes`), and librdkafka keeps an op of its own beside each record,
+# so a 1 MB answer of 100-byte records held about 3 MiB per group. FETCH_BYTES bounds
+# the answer (a broker still sends a record batch larger than it whole); librdkafka
+# refuses a `fetch.max.bytes` under `message.max.bytes` (the largest request the client
+# sends: a consumer's are small), hence the pair, fitted to whichever the user sets
+# (fitted()). docs/gateway.md ("What scale costs") has the figures.
+FETCH_BYTES = 262_144
 CONSUMER_DEFAULTS: Mapping[str, str] = MappingProxyType(
     {
         "queued.min.messages": "1000",
         "queued.max.messages.kbytes": "1024",
         "fetch.queue.backoff.ms": "10",
+        "fetch.max.bytes": str(FETCH_BYTES),
+        "message.max.bytes": str(FETCH_BYTES),
     }
 )
 
@@ -108,10 +119,32 @@ def parse_settings(document: Mapping[str, object]) -> KafkaSettings:
     )
 
 
+def consumer_config(
+    configured: Mapping[str, str], overrides: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """A consumer's properties: CONSUMER_DEFAULTS under the configured ones (`general`
+    and `consumer`), those under a client's BLPOP settings; see fitted()."""
+    chosen = {**configured, **(overrides or {})}
+    return fitted({**CONSUMER_DEFAULTS, **chosen}, chosen)
+
+
+def fitted(config: dict[str, str], chosen: Mapping[str, str]) -> dict[str, str]:
+    """`config` with the default of `fetch.max.bytes` or `message.max.bytes` moved so
+    that librdkafka accepts the one the user `chosen`: a `message.max.bytes` over the
+    default raises the fetch bound to it, a `fetch.max.bytes` under it lowers the
+    request bound to it. Values that are not integers are left for librdkafka to refuse."""
+    fetch, request = chosen.get("fetch.max.bytes"), chosen.get("message.max.bytes")
+    if fetch is None and request is not None and request.isdigit():
+        config["fetch.max.bytes"] = str(max(FETCH_BYTES, int(request)))
+    elif request is None and fetch is not None and fetch.isdigit():
+        config["message.max.bytes"] = str(min(FETCH_BYTES, int(fetch)))
+    return config
+
+
 def consumer_properties(settings: KafkaSettings) -> dict[str, str]:
     """The properties every consumer is created with (before a client's BLPOP settings):
-    CONSUMER_DEFAULTS under the configured ones."""
-    return {**CONSUMER_DEFAULTS, **settings.consumer}
+    CONSUMER_DEFAULTS under the configured ones, fitted()."""
+    return consumer_config(settings.consumer)
 
 
 def describe(settings: KafkaSettings) -> dict[str, object]:
