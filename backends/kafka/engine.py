@@ -94,8 +94,8 @@ class KafkaEngine(Engine):
         if self._stopped:
             raise ConsumerCreationError(STOPPED)
         overrides = consumer_overrides(settings)
-        # Through consumer_config again: a client's message.max.bytes moves the default
-        # fetch.max.bytes with it, as a configured one does.
+        # Through consumer_config again: a client's fetch.max.bytes is fitted as a
+        # configured one is.
         config = {
             **consumer_config(self._configured, overrides),
             "group.id": group,

@@ -33,25 +33,18 @@ SECTIONS = ("general", "consumer", "producer")
 # each new record (100 groups: 4,150 MiB, produce and consume 10 times slower). With a
 # small queue, librdkafka's 1,000 ms wait before fetching again for a partition whose
 # queue was full (`fetch.queue.backoff.ms`) cut one consumer's rate to a fifth: 10 ms
-# kept it.
-# The queue bounds only when a fetch is sent, not what it brings: one fetch answer is
-# queued whole, up to `fetch.max.bytes` (Tansu ignores the per-partition
-# `fetch.message.max.bytes`), and librdkafka keeps an op of its own beside each record,
-# so a 1 MB answer of 100-byte records held about 3 MiB per group. FETCH_BYTES bounds
-# the answer (a broker still sends a record batch larger than it whole); librdkafka
-# refuses a `fetch.max.bytes` under `message.max.bytes` (the largest request the client
-# sends: a consumer's are small), hence the pair, fitted to whichever the user sets
-# (fitted()). docs/gateway.md ("What scale costs") has the figures.
-FETCH_BYTES = 262_144
+# kept it. docs/gateway.md ("What scale costs") has the figures.
 CONSUMER_DEFAULTS: Mapping[str, str] = MappingProxyType(
     {
         "queued.min.messages": "1000",
         "queued.max.messages.kbytes": "1024",
         "fetch.queue.backoff.ms": "10",
-        "fetch.max.bytes": str(FETCH_BYTES),
-        "message.max.bytes": str(FETCH_BYTES),
     }
 )
+# librdkafka's default `message.max.bytes` (the largest request a client sends; a
+# consumer's are small). librdkafka refuses a consumer whose `fetch.max.bytes` is under
+# it, so a user's smaller fetch bound lowers it (fitted()).
+REQUEST_BYTES = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -123,21 +116,19 @@ def consumer_config(
     configured: Mapping[str, str], overrides: Mapping[str, str] | None = None
 ) -> dict[str, str]:
     """A consumer's properties: CONSUMER_DEFAULTS under the configured ones (`general`
-    and `consumer`), those under a client's BLPOP settings; see fitted()."""
-    chosen = {**configured, **(overrides or {})}
-    return fitted({**CONSUMER_DEFAULTS, **chosen}, chosen)
+    and `consumer`), those under a client's BLPOP settings; fitted()."""
+    return fitted({**CONSUMER_DEFAULTS, **configured, **(overrides or {})})
 
 
-def fitted(config: dict[str, str], chosen: Mapping[str, str]) -> dict[str, str]:
-    """`config` with the default of `fetch.max.bytes` or `message.max.bytes` moved so
-    that librdkafka accepts the one the user `chosen`: a `message.max.bytes` over the
-    default raises the fetch bound to it, a `fetch.max.bytes` under it lowers the
-    request bound to it. Values that are not integers are left for librdkafka to refuse."""
-    fetch, request = chosen.get("fetch.max.bytes"), chosen.get("message.max.bytes")
-    if fetch is None and request is not None and request.isdigit():
-        config["fetch.max.bytes"] = str(max(FETCH_BYTES, int(request)))
-    elif request is None and fetch is not None and fetch.isdigit():
-        config["message.max.bytes"] = str(min(FETCH_BYTES, int(fetch)))
+def fitted(config: dict[str, str]) -> dict[str, str]:
+    """`config` with `message.max.bytes` lowered to a `fetch.max.bytes` under librdkafka's
+    default when the user set only the latter: librdkafka would refuse the consumer
+    (`fetch.max.bytes` must be >= `message.max.bytes`), where the user only asked for
+    smaller fetch answers (docs/gateway.md, "What scale costs"). Values that are not
+    integers are left for librdkafka to refuse."""
+    fetch = config.get("fetch.max.bytes", "")
+    if "message.max.bytes" not in config and fetch.isdigit() and int(fetch) < REQUEST_BYTES:
+        config["message.max.bytes"] = fetch
     return config
 
 

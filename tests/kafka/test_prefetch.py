@@ -1,7 +1,8 @@
 """What each consumer group's librdkafka consumer fetches ahead (backends/kafka/settings.py
 CONSUMER_DEFAULTS): bounded by default, so that a gateway serving many groups does not
-hold a copy of every backlog per group, nor a whole 1 MB fetch answer; the configuration
-and a client's settings still win. On a real `rafka` process and the Tansu broker."""
+hold a copy of every backlog per group; the configuration and a client's settings still
+win, and a smaller fetch answer (`fetch.max.bytes`) is one setting. On a real `rafka`
+process and the Tansu broker."""
 
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ from confluent_kafka import Producer
 
 from backends.kafka.settings import (
     CONSUMER_DEFAULTS,
-    FETCH_BYTES,
     consumer_config,
     describe,
     parse_settings,
@@ -142,10 +142,10 @@ def test_the_prefetch_defaults_give_way_to_the_configuration() -> None:
 def test_a_configured_fetch_bound_reaches_librdkafka_instead_of_the_default(
     tansu: TansuBroker, tmp_path: Path
 ) -> None:
-    """A user's fetch.max.bytes is what librdkafka gets, not the default: one past
-    librdkafka's range fails the group's consumer (Rafka's CONS error; the log says why,
-    in librdkafka's words), where the default serves the BLPOP. (What a larger bound
-    costs in memory is too noisy to assert here: bench/growth.py measures it.)"""
+    """A user's fetch.max.bytes is what librdkafka gets: one past librdkafka's range fails
+    the group's consumer (Rafka's CONS error; the log says why, in librdkafka's words),
+    where the default serves the BLPOP. (What the bound saves in memory is too noisy to
+    assert here: bench/growth.py measures it.)"""
     topic = tansu.create_topic(1)
     producer = Producer({"bootstrap.servers": tansu.bootstrap})
     producer.produce(topic, b"served")
@@ -177,30 +177,31 @@ def test_a_configured_fetch_bound_reaches_librdkafka_instead_of_the_default(
 
 
 @pytest.mark.parametrize("section", ["general", "consumer"])
-def test_a_configured_message_max_bytes_moves_the_fetch_bound(
+def test_a_fetch_bound_set_alone_is_accepted_and_large_records_still_arrive(
     tansu: TansuBroker, tmp_path: Path, section: str
 ) -> None:
-    """librdkafka refuses a fetch.max.bytes under message.max.bytes: a user's larger
-    message.max.bytes (for the producer's large records, say) raises the default fetch
-    bound instead of failing every consumer, and a record larger than the bound still
-    arrives whole."""
+    """librdkafka refuses a fetch.max.bytes under message.max.bytes (1,000,000 unless
+    set): the gateway lowers message.max.bytes to a smaller fetch bound set alone, and a
+    record larger than the bound still arrives whole (the broker sends the first batch
+    whatever the bound)."""
     topic = tansu.create_topic(1)
-    large = b"L" * 1_500_000
-    producer = Producer({"bootstrap.servers": tansu.bootstrap, "message.max.bytes": 2_000_000})
+    large = b"L" * 200_000
+    producer = Producer({"bootstrap.servers": tansu.bootstrap})
     producer.produce(topic, large)
     producer.produce(topic, b"after")
     assert producer.flush(30) == 0
-    properties = {"message.max.bytes": "2000000"}
+    properties = {"fetch.max.bytes": "65536"}
     with rafka_with(tmp_path / section, tansu.bootstrap, section, properties) as (_, port):
-        assert read_records(port, f"large-{section}-{topic}", topic, 2) == [large, b"after"]
+        assert read_records(port, f"small-{section}-{topic}", topic, 2) == [large, b"after"]
 
 
-def test_the_fetch_pair_is_fitted_to_the_one_the_user_sets() -> None:
-    """Whichever of fetch.max.bytes and message.max.bytes a user sets (configuration or a
-    client's settings), the other default moves so that librdkafka accepts both."""
-    assert consumer_config({})["fetch.max.bytes"] == str(FETCH_BYTES)
-    assert consumer_config({"message.max.bytes": "2000000"})["fetch.max.bytes"] == "2000000"
-    assert consumer_config({"message.max.bytes": "1000"})["fetch.max.bytes"] == str(FETCH_BYTES)
+def test_a_fetch_bound_set_alone_lowers_message_max_bytes_to_it() -> None:
+    """Only a fetch.max.bytes under librdkafka's default message.max.bytes, set without
+    one, moves it; from the configuration or a client's settings alike."""
+    assert "message.max.bytes" not in consumer_config({})
+    assert "fetch.max.bytes" not in consumer_config({})
     assert consumer_config({"fetch.max.bytes": "65536"})["message.max.bytes"] == "65536"
+    assert consumer_config({}, {"fetch.max.bytes": "65536"})["message.max.bytes"] == "65536"
+    assert "message.max.bytes" not in consumer_config({"fetch.max.bytes": "2000000"})
     both = consumer_config({"fetch.max.bytes": "10"}, {"message.max.bytes": "20"})
     assert (both["fetch.max.bytes"], both["message.max.bytes"]) == ("10", "20")
