@@ -26,7 +26,12 @@ from backends.base import (
 from backends.kafka.consumer import MAX_BATCH, KafkaConsumer
 from backends.kafka.producer import ProducerHandle, SharedProducer
 from backends.kafka.reads import KafkaReads
-from backends.kafka.settings import KafkaSettings, consumer_overrides, consumer_properties
+from backends.kafka.settings import (
+    KafkaSettings,
+    consumer_config,
+    consumer_overrides,
+    consumer_properties,
+)
 from backends.kafka.texts import error_text
 
 log = structlog.get_logger("rafka.kafka.engine")
@@ -44,6 +49,7 @@ class KafkaEngine(Engine):
         batch = options.consume_batch
         if not 1 <= batch <= MAX_BATCH:
             raise ValueError(f"consume_batch must be 1..{MAX_BATCH}, not {batch}")
+        self._configured = settings.consumer
         self._consumer_config = consumer_properties(settings)
         self._producer_config = dict(settings.producer)
         self._metadata_timeout = options.metadata_timeout
@@ -88,7 +94,13 @@ class KafkaEngine(Engine):
         if self._stopped:
             raise ConsumerCreationError(STOPPED)
         overrides = consumer_overrides(settings)
-        config = {**self._consumer_config, **overrides, "group.id": group, "client.id": name}
+        # Through consumer_config again: a client's fetch.max.bytes is fitted as a
+        # configured one is.
+        config = {
+            **consumer_config(self._configured, overrides),
+            "group.id": group,
+            "client.id": name,
+        }
         consumer = await KafkaConsumer.open(
             config, topics, self.stats, label=f"{group}:{name}", batch=self._consume_batch
         )

@@ -41,6 +41,10 @@ CONSUMER_DEFAULTS: Mapping[str, str] = MappingProxyType(
         "fetch.queue.backoff.ms": "10",
     }
 )
+# librdkafka's default `message.max.bytes` (the largest request a client sends; a
+# consumer's are small). librdkafka refuses a consumer whose `fetch.max.bytes` is under
+# it, so a user's smaller fetch bound lowers it (fitted()).
+REQUEST_BYTES = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -108,10 +112,30 @@ def parse_settings(document: Mapping[str, object]) -> KafkaSettings:
     )
 
 
+def consumer_config(
+    configured: Mapping[str, str], overrides: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """A consumer's properties: CONSUMER_DEFAULTS under the configured ones (`general`
+    and `consumer`), those under a client's BLPOP settings; fitted()."""
+    return fitted({**CONSUMER_DEFAULTS, **configured, **(overrides or {})})
+
+
+def fitted(config: dict[str, str]) -> dict[str, str]:
+    """`config` with `message.max.bytes` lowered to a `fetch.max.bytes` under librdkafka's
+    default when the user set only the latter: librdkafka would refuse the consumer
+    (`fetch.max.bytes` must be >= `message.max.bytes`), where the user only asked for
+    smaller fetch answers (docs/gateway.md, "What scale costs"). Values that are not
+    integers are left for librdkafka to refuse."""
+    fetch = config.get("fetch.max.bytes", "")
+    if "message.max.bytes" not in config and fetch.isdigit() and int(fetch) < REQUEST_BYTES:
+        config["message.max.bytes"] = fetch
+    return config
+
+
 def consumer_properties(settings: KafkaSettings) -> dict[str, str]:
     """The properties every consumer is created with (before a client's BLPOP settings):
-    CONSUMER_DEFAULTS under the configured ones."""
-    return {**CONSUMER_DEFAULTS, **settings.consumer}
+    CONSUMER_DEFAULTS under the configured ones, fitted()."""
+    return consumer_config(settings.consumer)
 
 
 def describe(settings: KafkaSettings) -> dict[str, object]:

@@ -1,18 +1,26 @@
 """What each consumer group's librdkafka consumer fetches ahead (backends/kafka/settings.py
 CONSUMER_DEFAULTS): bounded by default, so that a gateway serving many groups does not
 hold a copy of every backlog per group; the configuration and a client's settings still
-win. On a real `rafka` process and the Tansu broker."""
+win, and a smaller fetch answer (`fetch.max.bytes`) is one setting. On a real `rafka`
+process and the Tansu broker."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 from confluent_kafka import Producer
 
-from backends.kafka.settings import CONSUMER_DEFAULTS, describe, parse_settings
+from backends.kafka.settings import (
+    CONSUMER_DEFAULTS,
+    consumer_config,
+    describe,
+    parse_settings,
+)
 from backends.process import Child
 from tests.support.connections import rss_bytes
 from tests.support.kafka import kafka_document
@@ -37,6 +45,34 @@ def gateway(tansu: TansuBroker, tmp_path: Path) -> Iterator[tuple[Child, int]]:
         yield child, port
     finally:
         child.stop(30)
+
+
+@contextmanager
+def rafka_with(
+    workdir: Path, bootstrap: str, section: str, properties: dict[str, str]
+) -> Iterator[tuple[Child, int]]:
+    """A `rafka` on Kafka with `properties` over the tests' Kafka document's `section`."""
+    document: dict[str, Any] = kafka_document(bootstrap)
+    document.setdefault(section, {}).update(properties)
+    workdir.mkdir()
+    child, port = start_rafka(workdir, document, "--engine", "kafka")
+    try:
+        yield child, port
+    finally:
+        child.stop(30)
+
+
+def read_records(port: int, group: str, topic: str, count: int) -> list[bytes]:
+    """The values of the first `count` records of `topic` for a new `group`, by BLMPOP."""
+    got: list[bytes] = []
+    with redis.Redis(port=port, client_name=f"{group}:c") as client:
+        while len(got) < count:
+            reply = client.blmpop(
+                30, 1, f"topics:{topic}", direction="LEFT", count=count - len(got)
+            )
+            assert reply is not None, f"group {group} waited 30 s after {len(got)} records"
+            got.extend(dict(zip(r[::2], r[1::2], strict=True))[b"value"] for r in reply[1])
+    return got
 
 
 def settled_rss(pid: int) -> int:
@@ -101,3 +137,71 @@ def test_the_prefetch_defaults_give_way_to_the_configuration() -> None:
     # Not in the producer's: these are consumer properties (librdkafka warns about them).
     producer = describe(parse_settings({}))["producer"]
     assert isinstance(producer, dict) and not set(CONSUMER_DEFAULTS) & set(producer)
+
+
+def test_a_configured_fetch_bound_reaches_librdkafka_instead_of_the_default(
+    tansu: TansuBroker, tmp_path: Path
+) -> None:
+    """A user's fetch.max.bytes is what librdkafka gets: one past librdkafka's range fails
+    the group's consumer (Rafka's CONS error; the log says why, in librdkafka's words),
+    where the default serves the BLPOP. (What the bound saves in memory is too noisy to
+    assert here: bench/growth.py measures it.)"""
+    topic = tansu.create_topic(1)
+    producer = Producer({"bootstrap.servers": tansu.bootstrap})
+    producer.produce(topic, b"served")
+    assert producer.flush(30) == 0
+    with rafka_with(tmp_path / "default", tansu.bootstrap, "consumer", {}) as (_, port):
+        assert read_records(port, f"default-{topic}", topic, 1) == [b"served"]
+    out_of_range = {"fetch.max.bytes": "2147483136"}
+    with rafka_with(tmp_path / "user", tansu.bootstrap, "consumer", out_of_range) as (
+        child,
+        port,
+    ):
+        name = f"bound-{topic}:c"
+        with (
+            redis.Redis(port=port, client_name=name) as client,
+            pytest.raises(redis.ResponseError) as refused,
+        ):
+            client.blpop([f"topics:{topic}"], 1)
+        assert str(refused.value) == (
+            f"CONS Failed to register Consumer '{name}|{topic}' for Client '{name}'"
+        )
+        wait_until(
+            lambda: any(
+                'property "fetch.max.bytes" value 2147483136 is outside allowed range' in line
+                for line in child.stderr_lines
+            ),
+            10,
+            "the gateway to log librdkafka's refusal of fetch.max.bytes",
+        )
+
+
+@pytest.mark.parametrize("section", ["general", "consumer"])
+def test_a_fetch_bound_set_alone_is_accepted_and_large_records_still_arrive(
+    tansu: TansuBroker, tmp_path: Path, section: str
+) -> None:
+    """librdkafka refuses a fetch.max.bytes under message.max.bytes (1,000,000 unless
+    set): the gateway lowers message.max.bytes to a smaller fetch bound set alone, and a
+    record larger than the bound still arrives whole (the broker sends the first batch
+    whatever the bound)."""
+    topic = tansu.create_topic(1)
+    large = b"L" * 200_000
+    producer = Producer({"bootstrap.servers": tansu.bootstrap})
+    producer.produce(topic, large)
+    producer.produce(topic, b"after")
+    assert producer.flush(30) == 0
+    properties = {"fetch.max.bytes": "65536"}
+    with rafka_with(tmp_path / section, tansu.bootstrap, section, properties) as (_, port):
+        assert read_records(port, f"small-{section}-{topic}", topic, 2) == [large, b"after"]
+
+
+def test_a_fetch_bound_set_alone_lowers_message_max_bytes_to_it() -> None:
+    """Only a fetch.max.bytes under librdkafka's default message.max.bytes, set without
+    one, moves it; from the configuration or a client's settings alike."""
+    assert "message.max.bytes" not in consumer_config({})
+    assert "fetch.max.bytes" not in consumer_config({})
+    assert consumer_config({"fetch.max.bytes": "65536"})["message.max.bytes"] == "65536"
+    assert consumer_config({}, {"fetch.max.bytes": "65536"})["message.max.bytes"] == "65536"
+    assert "message.max.bytes" not in consumer_config({"fetch.max.bytes": "2000000"})
+    both = consumer_config({"fetch.max.bytes": "10"}, {"message.max.bytes": "20"})
+    assert (both["fetch.max.bytes"], both["message.max.bytes"]) == ("10", "20")
