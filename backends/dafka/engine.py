@@ -450,6 +450,24 @@ class DafkaEngine(Engine):
             if topic != TOPICS_TOPIC:
                 self.reader.unsubscribe(topic)
 
+    def published(self, topic: str, address: str, first: int, contents: list[bytes]) -> None:
+        """This gateway's writer of `address` handed `contents` (sequences `first`, ...)
+        to its publisher: the groups reading `topic` here take them at once, in process
+        (loop thread)."""
+        groups = self._readers_of.get(topic)
+        if groups:
+            for group in groups:
+                group.on_published(topic, address, first, contents)
+
+    def committable(self, topic: str, address: str, offset: int) -> int:
+        """`offset` as a group may commit it: for a partition this gateway writes, not
+        past the first record no store has acknowledged yet (its offset would be written
+        again by the next run if this one crashed now)."""
+        if (topic, address) not in self._by_address:
+            return offset
+        head = self.observer.stored_head(topic, address)
+        return min(offset, (-1 if head is None else head) + 1)
+
     def _sink_thread(self, events: list[Event]) -> None:
         with self._inbox_lock:
             first = not self._inbox
