@@ -646,8 +646,29 @@ class DafkaEngine(Engine):
 
     # --- commits ---------------------------------------------------------------------------
 
-    async def commit_now(self) -> None:
-        """Write every ack not yet committed as one record and wait until a store has it."""
+    async def commit_now(self, stored_wait: float = 0.0) -> None:
+        """Write every ack not yet committed as one record and wait until a store has it.
+        With `stored_wait`: then, for up to that long, commit again as stores acknowledge
+        the records of acks held back (`committable`), until none is."""
+        await self._commit_pending()
+        if stored_wait <= 0:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + stored_wait
+        while any(group.commits_held_back() for group in list(self._groups.values())):
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return
+            await self.wait_progress(remaining)  # woken by every ACK
+            await self._commit_pending()
+
+    @property
+    def close_commit_wait(self) -> float:
+        """How long a member that leaves waits for the stores to hold what it acked, so
+        that its last acks are committed (the stop flush's bound)."""
+        return self._stop_flush_timeout
+
+    async def _commit_pending(self) -> None:
         entries = [
             (group.name, topic, partition, offset)
             for group in list(self._groups.values())

@@ -188,3 +188,31 @@ def test_a_commit_never_passes_what_no_store_holds(dafka_config: Config, tower: 
             await asyncio.to_thread(store.close)
 
     run(body())
+
+
+def test_a_member_leaving_right_after_its_acks_has_them_all_committed(network: Config) -> None:
+    """Taken in process, the records are acked and the member leaves before a store has
+    them: the leave waits (bounded) for the stores, so every ack is committed and the
+    group's next member starts after them, with nothing delivered twice. (No periodic
+    commit comes in between: only the leave commits.)"""
+
+    async def body() -> None:
+        async with engine_on(network, partitions=1, commit_interval=60) as engine:
+            member = await engine.consumer("g", "c1", ["t"], {})
+            await started(member, engine)
+            producer = engine.producer("s1")
+            producer.produce_many("t", None, [b"a", b"b", b"c"])
+            await one_pass()
+            taken = member.take_ready(3)
+            assert [r.value for r in taken] == [b"a", b"b", b"c"]
+            for record in taken:
+                member.ack(record.topic, record.partition, record.offset)
+            await member.close()
+            assert engine.offsets.committed("g", "t") == {0: 4}
+            producer.produce_many("t", None, [b"d"])
+            after = await engine.consumer("g", "c2", ["t"], {})
+            [record] = await take(after, 1)
+            assert record.value == b"d", f"delivered again after a clean leave: {record}"
+            await after.close()
+
+    run(body())
