@@ -646,16 +646,16 @@ class DafkaEngine(Engine):
 
     # --- commits ---------------------------------------------------------------------------
 
-    async def commit_now(self, stored_wait: float = 0.0) -> None:
+    async def commit_now(self, stored_wait: float = 0.0, group: Group | None = None) -> None:
         """Write every ack not yet committed as one record and wait until a store has it.
         With `stored_wait`: then, for up to that long, commit again as stores acknowledge
-        the records of acks held back (`committable`), until none is."""
+        the records of `group`'s acks held back (`committable`), until none is."""
         await self._commit_pending()
-        if stored_wait <= 0:
+        if stored_wait <= 0 or group is None:
             return
         loop = asyncio.get_running_loop()
         deadline = loop.time() + stored_wait
-        while any(group.commits_held_back() for group in list(self._groups.values())):
+        while group.commits_held_back():
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return

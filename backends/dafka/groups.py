@@ -492,7 +492,7 @@ class Member(Consumer):
         try:
             # Its last acks are often of records taken before a store had them (in
             # process): committed once a store has them, within a bound.
-            await self._engine.commit_now(self._engine.close_commit_wait)
+            await self._engine.commit_now(self._engine.close_commit_wait, self.group)
         finally:
             await self.group.leave(self)
             if self.on_closed is not None:
