@@ -1012,6 +1012,16 @@ def dafka_bench(args: argparse.Namespace, problems: Problems) -> None:
             bench.close()
 
 
+def dafka_latency_only(args: argparse.Namespace, problems: Problems) -> None:
+    with tempfile.TemporaryDirectory(prefix="rafka-bench-") as scratch:
+        bench = DafkaBench(Path(scratch), problems, event_loop=args.event_loop)
+        try:
+            for rate, windows in args.latency.items():
+                dafka_latency(bench, args, rate, windows)
+        finally:
+            bench.close()
+
+
 def dafka_latency(
     bench: DafkaBench, args: argparse.Namespace, rate: int, windows: list[int]
 ) -> None:
@@ -1095,6 +1105,7 @@ def main() -> int:
     parser.add_argument(
         "--kafka-consume-only", action="store_true", help="Kafka: only the consume rows"
     )
+    parser.add_argument("--latency-only", action="store_true", help="Dafka: only the latency rows")
     parser.add_argument(
         "--kafka-produce-only",
         action="store_true",
@@ -1133,7 +1144,10 @@ def main() -> int:
     args = parser.parse_args()
     problems = Problems()
     if args.engine in ("dafka", "both"):
-        dafka_bench(args, problems)
+        if args.latency_only:
+            dafka_latency_only(args, problems)
+        else:
+            dafka_bench(args, problems)
     if args.engine in ("kafka", "both"):
         kafka_bench(args, problems)
     if problems.found:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import sys
 from collections.abc import Sequence
 
@@ -20,6 +21,12 @@ log = structlog.get_logger("rafka")
 
 async def serve(config: Config) -> None:
     server = await start_server(config)
+    # What start-up made (modules, classes, the engine's tables) lives as long as the
+    # process: frozen, a full collection no longer scans it. Measured on the Dafka
+    # engine at 10,000 records/s: full collections of 17-58 ms down to ~1 ms, pauses
+    # every record on its way waited through (docs/gateway.md, "Latency").
+    gc.collect()
+    gc.freeze()
     # One plain line for the person who started it (the log lines are for machines).
     where = server.ctx.engine.where()
     ports = [f"{server.host}:{server.port}"] if server.port is not None else []

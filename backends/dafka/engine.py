@@ -450,6 +450,24 @@ class DafkaEngine(Engine):
             if topic != TOPICS_TOPIC:
                 self.reader.unsubscribe(topic)
 
+    def published(self, topic: str, address: str, first: int, contents: list[bytes]) -> None:
+        """This gateway's writer of `address` handed `contents` (sequences `first`, ...)
+        to its publisher: the groups reading `topic` here take them at once, in process
+        (loop thread)."""
+        groups = self._readers_of.get(topic)
+        if groups:
+            for group in groups:
+                group.on_published(topic, address, first, contents)
+
+    def committable(self, topic: str, address: str, offset: int) -> int:
+        """`offset` as a group may commit it: for a partition this gateway writes, not
+        past the first record no store has acknowledged yet (its offset would be written
+        again by the next run if this one crashed now)."""
+        if (topic, address) not in self._by_address:
+            return offset
+        head = self.observer.stored_head(topic, address)
+        return min(offset, (-1 if head is None else head) + 1)
+
     def _sink_thread(self, events: list[Event]) -> None:
         with self._inbox_lock:
             first = not self._inbox
@@ -628,8 +646,29 @@ class DafkaEngine(Engine):
 
     # --- commits ---------------------------------------------------------------------------
 
-    async def commit_now(self) -> None:
-        """Write every ack not yet committed as one record and wait until a store has it."""
+    async def commit_now(self, stored_wait: float = 0.0, group: Group | None = None) -> None:
+        """Write every ack not yet committed as one record and wait until a store has it.
+        With `stored_wait`: then, for up to that long, commit again as stores acknowledge
+        the records of `group`'s acks held back (`committable`), until none is."""
+        await self._commit_pending()
+        if stored_wait <= 0 or group is None:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + stored_wait
+        while group.commits_held_back():
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return
+            await self.wait_progress(remaining)  # woken by every ACK
+            await self._commit_pending()
+
+    @property
+    def close_commit_wait(self) -> float:
+        """How long a member that leaves waits for the stores to hold what it acked, so
+        that its last acks are committed (the stop flush's bound)."""
+        return self._stop_flush_timeout
+
+    async def _commit_pending(self) -> None:
         entries = [
             (group.name, topic, partition, offset)
             for group in list(self._groups.values())

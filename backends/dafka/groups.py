@@ -45,7 +45,9 @@ class _Partition:
     __slots__ = (
         "acked",
         "address",
+        "ahead",
         "buffer",
+        "committed",
         "credit",
         "dirty",
         "expected",
@@ -67,10 +69,15 @@ class _Partition:
         self.position = 0  # next offset to hand out
         self.acked = 0  # next offset after the last ack (what a new owner starts from)
         self.expected = 0  # next offset the reader delivers
+        # Of the records before `expected`, how many came in process (`on_published`)
+        # and not yet from the reader too: the reader's copies are dropped, each one
+        # spending the credit it was delivered with.
+        self.ahead = 0
         self.buffer: collections.deque[Record] = collections.deque()
         self.credit = 0  # records the reader may still deliver without a new grant
         self.generation = 0  # bumped by every (re)start: older records are stale
         self.dirty = False  # acked moved since the last commit
+        self.committed = -1  # the offset last handed to a commit
         # Non-zero while the owner's ready queue holds this partition: the token of that
         # entry (older entries, left by a change of owner, are skipped).
         self.ready = 0
@@ -135,6 +142,7 @@ class Group:
         part.buffer.clear()
         part.generation += 1
         part.credit = self._buffer
+        part.ahead = 0
         self._reader.start(
             (self.name, part.topic, part.address),
             part.topic,
@@ -153,6 +161,7 @@ class Group:
             if part.topic == topic and part.started:
                 self._start(part, 0)
                 part.dirty = False
+                part.committed = -1  # the topic's offsets went with it
 
     async def leave(self, member: Member) -> None:
         if member in self.members:
@@ -246,6 +255,10 @@ class Group:
             return  # delivered before a rewind
         part.credit -= 1
         if seq != part.expected:
+            if seq < part.expected:
+                if seq >= part.expected - part.ahead:
+                    part.ahead -= 1  # the reader's copy of a record taken in process
+                return
             if not (part.expected == part.position == part.acked and seq > part.expected):
                 return
             # The stores' oldest record: retention took the ones before.
@@ -253,6 +266,34 @@ class Group:
         key, value = unwrap(content)
         part.buffer.append(Record(topic, part.number, seq, key, value, None))
         part.expected = seq + 1
+        self._notify(part)
+
+    def on_published(self, topic: str, address: str, first: int, contents: list[bytes]) -> None:
+        """This gateway's writer of `address` handed records `first`, `first + 1`, ... to
+        its publisher: the ones that are the partition's next, within the credit the
+        reader has not spent yet, are buffered now, with no thread or network hop (see
+        docs/dafka-engine.md, "Latency"). The reader still delivers them: its copies
+        are dropped by offset (`ahead`), so order and credit stay the reader's."""
+        part = self.parts.get((topic, address))
+        if part is None or not part.started:
+            return  # the reader finds the partition and starts it
+        skip = part.expected - first
+        room = part.credit - part.ahead
+        if skip < 0 or skip >= len(contents) or room <= 0:
+            return  # a gap first (the reader fills it), here already, or no room
+        number = part.number
+        append = part.buffer.append
+        seq = part.expected
+        for content in contents[skip : skip + room]:
+            key, value = unwrap(content)
+            append(Record(topic, number, seq, key, value, None))
+            seq += 1
+        part.ahead += seq - part.expected
+        part.expected = seq
+        self._notify(part)
+
+    def _notify(self, part: _Partition) -> None:
+        """`part` holds records: its owner serves it in turn."""
         owner = part.owner
         if owner is not None:
             if not part.ready:
@@ -292,7 +333,9 @@ class Group:
             member.requeue(part)
         else:
             part.ready = 0
-        room = self._buffer - len(part.buffer) - part.credit
+        # What the reader may still bring: its credit, less the records taken in process
+        # that it has yet to deliver (and that spend that credit).
+        room = self._buffer - len(part.buffer) - (part.credit - part.ahead)
         if room >= self._buffer // 2:
             part.credit += room
             self._reader.grant((self.name, part.topic, part.address), room)
@@ -304,13 +347,25 @@ class Group:
         part.acked = offset + 1
         part.dirty = True
 
+    def commits_held_back(self) -> bool:
+        """An ack is not committed yet: no store holds the records it covers."""
+        return any(part.dirty for part in self.parts.values())
+
     def pending_commits(self) -> list[tuple[str, int, int]]:
         """(topic, partition, next offset) acked since the last call."""
         out = []
+        committable = self.engine.committable
         for part in self.parts.values():
             if part.dirty:
-                part.dirty = False
-                out.append((part.topic, part.number, part.acked))
+                # Not past what a store holds of a partition this gateway writes: records
+                # can be taken before a store has them (in process or live), and one lost
+                # in a crash has its offset written again after the restart, which a
+                # commit past it would skip. Committed once the store has it.
+                offset = committable(part.topic, part.address, part.acked)
+                part.dirty = offset != part.acked
+                if offset != part.committed:
+                    part.committed = offset
+                    out.append((part.topic, part.number, offset))
         return out
 
 
@@ -435,7 +490,9 @@ class Member(Consumer):
 
     async def _close(self) -> None:
         try:
-            await self._engine.commit_now()
+            # Its last acks are often of records taken before a store had them (in
+            # process): committed once a store has them, within a bound.
+            await self._engine.commit_now(self._engine.close_commit_wait, self.group)
         finally:
             await self.group.leave(self)
             if self.on_closed is not None:

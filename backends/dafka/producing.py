@@ -151,13 +151,16 @@ class PartitionWriter:
         if not pending or self._producer is None:
             return
         try:
-            self._producer.publish_many(pending)
+            first = self._producer.publish_many(pending)
         except RuntimeError as error:  # the actor is gone: these records never go out
             self.failed = f"Local: Transport failure: {error}"
             log.error("partition writer failed", topic=self.topic, error=str(error))
             if not self.internal:
                 self._engine.stats.incr(Stats.DELIVERY_ERRORS, len(pending))
             self._engine.progress()
+            return
+        # Handed over, sequences known: this gateway's groups may take them now.
+        self._engine.published(self.topic, self.address, first, pending)
 
     def _open(self) -> Partition:
         engine = self._engine

@@ -1,0 +1,218 @@
+"""Records a gateway writes reach its own consumer groups in process (`Group.on_published`),
+before the reader brings them over TCP; the reader's copies are dropped by offset. On a
+real tower and store: order, each record once, the buffer bound and rebalances hold
+whichever path a record came by first."""
+
+from __future__ import annotations
+
+import asyncio
+
+import zmq
+
+from backends.base import Record
+from backends.dafka.config import Config
+from backends.dafka.engine import DafkaEngine
+from backends.dafka.groups import Member
+from backends.dafka.store import Store
+from backends.dafka.tower import Tower
+from tests.dafka.test_engine import WAIT, engine_on, network, run, take
+from tests.support.waiting import wait_until_async
+
+__all__ = ["network"]  # the fixture, used by name
+
+
+async def one_pass() -> None:
+    """Let the callbacks already queued on the loop run (a writer hands what this pass
+    produced to its publisher at the end of the pass), and nothing that a thread queues
+    meanwhile: the reader's deliveries come on a later pass."""
+    await asyncio.sleep(0)
+
+
+def buffered(engine: DafkaEngine, group: str) -> int:
+    return sum(len(part.buffer) for part in engine._groups[group].parts.values())
+
+
+async def started(member: Member, engine: DafkaEngine) -> None:
+    """The member's partition is found and positioned: one record came the reader's way."""
+    producer = engine.producer("starter")
+    producer.produce_many("t", None, [b"first"])
+    [record] = await take(member, 1)
+    assert record.value == b"first"
+
+
+def test_records_written_here_are_ready_in_the_same_loop_pass(network: Config) -> None:
+    async def body() -> None:
+        async with engine_on(network, partitions=1) as engine:
+            member = await engine.consumer("g", "c", ["t"], {})
+            await started(member, engine)
+            producer = engine.producer("s1")
+            producer.produce_many("t", None, [b"a", b"b", b"c"])
+            await one_pass()
+            got = member.take_ready(10)
+            assert [r.value for r in got] == [b"a", b"b", b"c"], (
+                "records this gateway wrote are not in its group's buffer one loop pass "
+                "after they were handed to the publisher (no in-process delivery)"
+            )
+            assert [r.offset for r in got] == [1, 2, 3]
+            # The reader's copies come later and are dropped: the next record is the next.
+            producer.produce_many("t", None, [b"d"])
+            [record] = await take(member, 1)
+            assert (record.offset, record.value) == (4, b"d")
+            assert await producer.flush(WAIT) == 0
+            await member.close()
+
+    run(body())
+
+
+def test_each_record_once_and_in_order_in_every_group_whichever_path(network: Config) -> None:
+    """Two groups on two partitions with a 20-record buffer: one takes as records come,
+    the other only after everything was produced, so its credit runs out and the rest
+    comes the reader's way (FETCHes) while the first group's came in process. A marker
+    produced last must come right after the last record: no copy of an earlier one."""
+    values = [b"%04d" % i for i in range(1200)]
+
+    async def body() -> None:
+        async with engine_on(network, consume_batch=20, partitions=1) as engine:
+            fast = await engine.consumer("fast", "c", ["t"], {})
+            slow = await engine.consumer("slow", "c", ["t"], {})
+            await started(fast, engine)
+            await started_in(slow)
+            producer = engine.producer("s1")
+            got: list[Record] = []
+            for first in range(0, len(values), 3):
+                producer.produce_many("t", None, values[first : first + 3])
+                await one_pass()
+                assert buffered(engine, "slow") <= 20, "the buffer bound holds in process"
+                got += fast.take_ready(3)
+            got += await take(fast, len(values) - len(got))
+            late = await take(slow, len(values))
+            producer.produce_many("t", None, [b"marker"])
+            for records, member in ((got, fast), (late, slow)):
+                assert [r.value for r in records] == values
+                assert [r.offset for r in records] == list(range(1, len(values) + 1))
+                [after] = await take(member, 1)
+                assert after.value == b"marker", f"a copy came again: {after}"
+            assert await producer.flush(WAIT) == 0
+            await fast.close()
+            await slow.close()
+
+    async def started_in(member: Member) -> None:
+        [record] = await take(member, 1)
+        assert record.value == b"first"
+
+    run(body())
+
+
+def test_a_partition_moved_while_records_came_in_process_redelivers_from_the_ack(
+    network: Config,
+) -> None:
+    """The first member takes records that came in process and acks only some; it leaves
+    and the second member gets the partition: it starts at the ack (at least once), then
+    every later record once and in order, in process again once it caught up."""
+
+    async def body() -> None:
+        async with engine_on(network, partitions=1) as engine:
+            first = await engine.consumer("g", "c1", ["t"], {})
+            second = await engine.consumer("g", "c2", ["t"], {})
+            await started(first, engine)
+            producer = engine.producer("s1")
+            producer.produce_many("t", None, [b"a", b"b", b"c", b"d"])
+            await one_pass()
+            taken = first.take_ready(4)
+            assert [r.value for r in taken] == [b"a", b"b", b"c", b"d"]
+            first.ack("t", taken[1].partition, taken[1].offset)  # a and b
+            producer.produce_many("t", None, [b"e"])  # on its way while the owner changes
+            await first.close()
+            producer.produce_many("t", None, [b"f"])
+            again = await take(second, 4)
+            assert [r.value for r in again] == [b"c", b"d", b"e", b"f"]
+            assert [r.offset for r in again] == [3, 4, 5, 6]
+            await wait_until_async(
+                lambda: bool(second_caught_up(engine)),
+                WAIT,
+                "the new owner's partition never caught up with the live records",
+            )
+            producer.produce_many("t", None, [b"g", b"h"])
+            await one_pass()
+            assert [r.value for r in second.take_ready(2)] == [b"g", b"h"], (
+                "after the move, records written here come in process again"
+            )
+            producer.produce_many("t", None, [b"i"])
+            [record] = await take(second, 1)
+            assert (record.offset, record.value) == (9, b"i")
+            assert await producer.flush(WAIT) == 0
+            await second.close()
+
+    def second_caught_up(engine: DafkaEngine) -> bool:
+        """The reader delivered up to the last record written: the next ones can come in
+        process (they are the partition's next)."""
+        [part] = engine._groups["g"].parts.values()
+        return part.expected == 7 and part.ahead == 0
+
+    run(body())
+
+
+def test_a_commit_never_passes_what_no_store_holds(dafka_config: Config, tower: Tower) -> None:
+    """Records are taken before a store has them. Were the gateway to crash then, they
+    would be lost and the next run would write other records at their offsets: a commit
+    past them would make the group skip those. With the store gone, acks of records it
+    never held are committed only once a store (a new one) holds them."""
+    context: zmq.Context = zmq.Context.instance()
+
+    async def body() -> None:
+        store = Store(dafka_config, context)
+        try:
+            async with engine_on(dafka_config, partitions=1) as engine:
+                member = await engine.consumer("g", "c", ["t"], {})
+                producer = engine.producer("s1")
+                producer.produce_many("t", None, [b"a"])
+                assert await producer.flush(WAIT) == 0
+                assert [r.value for r in await take(member, 1)] == [b"a"]
+                await engine.commit_now()
+                assert engine.offsets.committed("g", "t") == {0: 1}
+                await asyncio.to_thread(store.close)
+                producer.produce_many("t", None, [b"b", b"c"])
+                assert [r.value for r in await take(member, 2)] == [b"b", b"c"]
+                await engine.commit_now()
+                assert engine.offsets.committed("g", "t") == {0: 1}, (
+                    "committed past records no store holds"
+                )
+                store = Store(dafka_config, context)  # fetches b and c from the gateway
+                await wait_until_async(
+                    lambda: engine.offsets.committed("g", "t") == {0: 3},
+                    WAIT,
+                    "the acks were not committed once a store held the records",
+                )
+                await member.close()
+        finally:
+            await asyncio.to_thread(store.close)
+
+    run(body())
+
+
+def test_a_member_leaving_right_after_its_acks_has_them_all_committed(network: Config) -> None:
+    """Taken in process, the records are acked and the member leaves before a store has
+    them: the leave waits (bounded) for the stores, so every ack is committed and the
+    group's next member starts after them, with nothing delivered twice. (No periodic
+    commit comes in between: only the leave commits.)"""
+
+    async def body() -> None:
+        async with engine_on(network, partitions=1, commit_interval=60) as engine:
+            member = await engine.consumer("g", "c1", ["t"], {})
+            await started(member, engine)
+            producer = engine.producer("s1")
+            producer.produce_many("t", None, [b"a", b"b", b"c"])
+            await one_pass()
+            taken = member.take_ready(3)
+            assert [r.value for r in taken] == [b"a", b"b", b"c"]
+            for record in taken:
+                member.ack(record.topic, record.partition, record.offset)
+            await member.close()
+            assert engine.offsets.committed("g", "t") == {0: 4}
+            producer.produce_many("t", None, [b"d"])
+            after = await engine.consumer("g", "c2", ["t"], {})
+            [record] = await take(after, 1)
+            assert record.value == b"d", f"delivered again after a clean leave: {record}"
+            await after.close()
+
+    run(body())
