@@ -9,7 +9,9 @@ partition cost a thread, four sockets and their connections, and a beacon that t
 sent to every node (N² messages per interval). Opening a writer takes a thread hop (asking
 the stores for its head; the first one also waits for the tower), so records produced
 meanwhile wait in the writer, in order, and are counted as outstanding like every other
-record.
+record. Between the event loop and the actor's thread things pass in batches (`Handover`):
+the records every writer got in one pass of the loop, in one hand-over at its end; the
+ACKs of many partitions, in one callback on the loop.
 """
 
 from __future__ import annotations
@@ -75,6 +77,73 @@ class WriterNode:
         return 0 if publisher is None else publisher.close(timeout)
 
 
+class Handover:
+    """What passes between the partition writers (event loop) and their `Publisher`
+    thread, in batches.
+
+    Records: a writer that gets records in a pass of the event loop enlists here; at the
+    end of the pass all of them go to the actor in one `publish_batch()` (one lock, at
+    most one wake-up of its thread), where a hand-over per writer cost a callback, a lock
+    and a race with the woken actor for each of up to 1,000 topics a pipeline touched.
+
+    ACKs: the actor reports each partition whose ACKs released records, once per pass of
+    its own; the reports wait here, and one `call_soon_threadsafe` (a write to the loop's
+    self-pipe) delivers all that came until the loop runs it, instead of one per
+    partition, and `progress` (wake the DUMPs waiting) runs once for all of them.
+    """
+
+    def __init__(self, progress: Callable[[], None]) -> None:
+        self._progress = progress
+        self._writers: list[PartitionWriter] = []  # loop thread only
+        self._acks: list[tuple[PartitionWriter, int]] = []  # under _acks_lock
+        self._acks_lock = threading.Lock()
+
+    def enlist(self, writer: PartitionWriter) -> None:
+        """Loop thread: `writer` got the first pending records of this pass."""
+        if not self._writers:
+            writer.loop.call_soon(self.hand_over)
+        self._writers.append(writer)
+
+    def hand_over(self) -> None:
+        """Loop thread, at the end of a pass: every enlisted writer's pending records to
+        its actor, one hand-over per actor. (There is one, unless writers of an actor that
+        failed are enlisted beside writers of its replacement: a failed actor's writers
+        fail, the others' records go out.)"""
+        writers, self._writers = self._writers, []
+        batches: dict[Publisher, list[tuple[Partition, list[bytes]]]] = {}
+        failing: dict[Publisher, list[PartitionWriter]] = {}
+        for writer in writers:
+            partition, pending = writer.take_pending()
+            if partition is not None and pending:
+                batches.setdefault(partition.owner, []).append((partition, pending))
+                failing.setdefault(partition.owner, []).append(writer)
+        for publisher, batch in batches.items():
+            try:
+                publisher.publish_batch(batch)
+            except RuntimeError as error:  # the actor is gone: these records never go out
+                for writer, (_, records) in zip(failing[publisher], batch, strict=True):
+                    writer.fail(error, len(records))
+
+    def ack_thread(self, writer: PartitionWriter, last_acked: int) -> None:
+        """The actor's thread: a store acknowledged `writer`'s records up to
+        `last_acked`."""
+        with self._acks_lock:
+            first = not self._acks
+            self._acks.append((writer, last_acked))
+        if first:
+            writer.loop.call_soon_threadsafe(self._deliver_acks)
+
+    def _deliver_acks(self) -> None:
+        """Loop thread: the ACKs reported since the last call, in the order they came."""
+        with self._acks_lock:
+            acks, self._acks = self._acks, []
+        moved = False
+        for writer, last_acked in acks:
+            moved = writer.on_ack(last_acked) or moved
+        if moved:
+            self._progress()
+
+
 class PartitionWriter:
     """Positions count this writer's records in this run: 0, 1, ... in produce order."""
 
@@ -86,18 +155,18 @@ class PartitionWriter:
         # produced (producer.delivered.messages, producer.delivery.errors).
         self.internal = topic.startswith(INTERNAL_PREFIX)
         self._engine = engine
-        self._loop = asyncio.get_running_loop()
+        self._handover: Handover = engine.handover
+        self.loop = asyncio.get_running_loop()
         self._producer: Partition | None = None
         self._first_sequence = 0
         self._waiting: list[bytes] = []  # produced before the actor existed
-        # Submitted during this pass of the event loop: handed to the actor once, at the
-        # end of the pass, so that many connections' RPUSHX cost one hand-over (one lock,
-        # at most one wake-up of the actor's thread).
+        # Submitted during this pass of the event loop: handed to the actor with every
+        # other writer's at the end of the pass (`Handover`).
         self._pending: list[bytes] = []
         self.submitted = 0
         self.acked = 0  # positions below are held by a store
         self.failed: str | None = None
-        self.ready: asyncio.Task[None] = self._loop.create_task(self._start())
+        self.ready: asyncio.Task[None] = self.loop.create_task(self._start())
 
     def submit(self, values: Sequence[bytes]) -> int:
         """Queue `values`; returns the position after the last one. Past
@@ -114,7 +183,7 @@ class PartitionWriter:
                 self._waiting.extend(values)
             else:
                 if not self._pending:
-                    self._loop.call_soon(self.publish_pending)
+                    self._handover.enlist(self)
                 self._pending.extend(values)
             self.submitted += len(values)
         if full:
@@ -138,19 +207,31 @@ class PartitionWriter:
         self._pending, self._waiting = self._waiting, []
         self.publish_pending()
 
-    def publish_pending(self) -> None:
-        """Hand what this pass submitted to the actor (loop thread)."""
+    def take_pending(self) -> tuple[Partition | None, list[bytes]]:
+        """Loop thread: the actor's partition and the records submitted since the last
+        hand-over, taken (none before the partition is open: they wait in `_waiting`)."""
+        if self._producer is None:
+            return None, []
         pending, self._pending = self._pending, []
-        if not pending or self._producer is None:
+        return self._producer, pending
+
+    def publish_pending(self) -> None:
+        """Hand this writer's pending records to the actor now, alone (loop thread)."""
+        partition, pending = self.take_pending()
+        if partition is None or not pending:
             return
         try:
-            self._producer.publish_many(pending)
-        except RuntimeError as error:  # the actor is gone: these records never go out
-            self.failed = f"Local: Transport failure: {error}"
-            log.error("partition writer failed", topic=self.topic, error=str(error))
-            if not self.internal:
-                self._engine.stats.incr(Stats.DELIVERY_ERRORS, len(pending))
-            self._engine.progress()
+            partition.publish_many(pending)
+        except RuntimeError as error:
+            self.fail(error, len(pending))
+
+    def fail(self, error: Exception, lost: int) -> None:
+        """The actor is gone: `lost` records handed to it never go out (loop thread)."""
+        self.failed = f"Local: Transport failure: {error}"
+        log.error("partition writer failed", topic=self.topic, error=str(error))
+        if not self.internal:
+            self._engine.stats.incr(Stats.DELIVERY_ERRORS, lost)
+        self._engine.progress()
 
     def _open(self) -> Partition:
         engine = self._engine
@@ -173,7 +254,7 @@ class PartitionWriter:
         )
 
     def _on_ack_thread(self, last_acked: int) -> None:
-        self._loop.call_soon_threadsafe(self._on_ack, last_acked)
+        self._handover.ack_thread(self, last_acked)
 
     def durable(self) -> int:
         """Positions below this one count as durable for DUMP: held by a store, or with
@@ -183,14 +264,18 @@ class PartitionWriter:
         held = self._engine.observer.held_by_all(self.topic, self.address)
         return max(0, min(held - self._first_sequence + 1, self.acked))
 
-    def _on_ack(self, last_acked: int) -> None:
+    def on_ack(self, last_acked: int) -> bool:
+        """Loop thread: a store holds this writer's records up to sequence `last_acked`;
+        whether that acknowledged any record not acknowledged before (the caller then
+        wakes the DUMPs waiting: `engine.progress()`)."""
         acked = last_acked - self._first_sequence + 1
-        if acked > self.acked:
-            self._engine.observer.note_stored(self.topic, self.address, last_acked)
-            if not self.internal:
-                self._engine.stats.incr(Stats.DELIVERED, acked - self.acked)
-            self.acked = acked
-            self._engine.progress()
+        if acked <= self.acked:
+            return False
+        self._engine.observer.note_stored(self.topic, self.address, last_acked)
+        if not self.internal:
+            self._engine.stats.incr(Stats.DELIVERED, acked - self.acked)
+        self.acked = acked
+        return True
 
 
 class ProducerHandle(Producer):

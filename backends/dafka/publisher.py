@@ -21,11 +21,12 @@ Per partition, as the single producer did (issue 7):
 - a last HEAD on the way out, so a consumer that missed the records and HEADs of a
   short-lived partition still learns it exists.
 
-Threading: `Partition.publish()`/`publish_many()` and `Publisher.open()` may be called from
-any thread. A publish appends to the partition's deque and, when the partition is not
-already flagged, flags it and wakes the actor (at most one wake-up pending for all
-partitions); the actor drains what it finds, up to `_BATCH` records per pass, so ACKs and
-FETCHes are not starved. Every socket except the user end of the pipe lives in the actor.
+Threading: `Partition.publish()`/`publish_many()`, `Publisher.publish_batch()` (the records of
+many partitions in one hand-over) and `Publisher.open()` may be called from any thread. A
+publish appends to the partition's deque and, when the partition is not already flagged,
+flags it and wakes the actor (at most one wake-up pending for all partitions); the actor
+drains what it finds, up to `_BATCH` records per pass, so ACKs and FETCHes are not starved.
+Every socket except the user end of the pipe lives in the actor.
 """
 
 from __future__ import annotations
@@ -110,6 +111,11 @@ class Partition:
 
     # -- user side ----------------------------------------------------------------------
 
+    @property
+    def owner(self) -> Publisher:
+        """The publisher this partition is one of."""
+        return self._owner
+
     def publish(self, content: bytes | bytearray | memoryview) -> int:
         """Queue one record; never blocks on the network. Returns its sequence."""
         if type(content) is not bytes:
@@ -124,12 +130,18 @@ class Partition:
         owner = self._owner
         with owner._lock:
             owner._check_open()
-            self._queue.extend(contents)
-            first = self.first_sequence + self._submitted
-            self._submitted += len(contents)
-            if not self._flagged:
-                self._flagged = True
-                owner._flag(self)
+            first = self._queue_under_lock(contents)
+            owner._wake_once()
+        return first
+
+    def _queue_under_lock(self, contents: Sequence[bytes]) -> int:
+        """Under the owner's lock: queue `contents`, flag; the first one's sequence."""
+        self._queue.extend(contents)
+        first = self.first_sequence + self._submitted
+        self._submitted += len(contents)
+        if not self._flagged:
+            self._flagged = True
+            self._owner._flagged.append(self)
         return first
 
     def sent_count(self) -> int:
@@ -278,6 +290,21 @@ class Publisher(Actor):
         """Neither closed nor failed: `open()` and its partitions take records."""
         return not (self._closed or self._failed)
 
+    def publish_batch(self, batch: Iterable[tuple[Partition, Sequence[bytes]]]) -> None:
+        """Queue the records of many partitions of this publisher with one hand-over
+        (one lock, at most one wake-up of the actor): each partition's `contents` in
+        order, as `publish_many()` would. Raises RuntimeError, queueing none of them,
+        when the actor is closed or dead; ValueError for another publisher's partition."""
+        with self._lock:
+            self._check_open()
+            batch = list(batch)
+            for partition, _ in batch:
+                if partition._owner is not self:
+                    raise ValueError(f"partition {partition.address} is not this publisher's")
+            for partition, contents in batch:
+                partition._queue_under_lock(contents)
+            self._wake_once()
+
     def partition_count(self) -> int:
         return len(self._partitions)
 
@@ -322,11 +349,6 @@ class Publisher(Actor):
         """Under `_lock`: refuse work once closed or dead."""
         if self._closed or self._failed:
             raise RuntimeError("Dafka producer is closed")
-
-    def _flag(self, partition: Partition) -> None:
-        """Under `_lock`: `partition` has records queued."""
-        self._flagged.append(partition)
-        self._wake_once()
 
     def _wake_once(self) -> None:
         """Under `_lock`: wake the actor unless a wake-up is pending already."""

@@ -216,3 +216,29 @@ def test_one_address_opens_once_and_nothing_opens_after_close(
         partition.publish(b"late")
     with pytest.raises(RuntimeError, match="closed"):
         publisher.open("t", address=address())
+
+
+def test_one_batch_publishes_many_partitions_in_order_and_refuses_a_stranger_whole(
+    publisher: Publisher, dafka_config: Config, store: Store
+) -> None:
+    """`publish_batch()`: the records of many partitions in one hand-over, each partition's
+    in the order given (a partition twice in one batch: its records in batch order)."""
+    partitions = open_many(publisher)
+    halves = [(p, contents(p)[: RECORDS // 2]) for p in partitions]
+    rest = [(p, contents(p)[RECORDS // 2 :]) for p in partitions]
+    publisher.publish_batch(halves + rest)
+    wait_acked(partitions, 10, "ACKs for every partition of one batch")
+    for partition in partitions:
+        assert stored(store, partition) == contents(partition), partition.address
+    other = Publisher(dafka_config, zmq.Context.instance())
+    try:
+        stranger = other.open("topic-0", address=address())
+        mine = partitions[0]
+        with pytest.raises(ValueError, match="not this publisher's"):
+            publisher.publish_batch([(mine, [b"not queued"]), (stranger, [b"x"])])
+        assert mine.unacked_count() == 0, "a refused batch queues none of its records"
+    finally:
+        other.close(timeout=0)
+    assert publisher.close(timeout=5) == 0
+    with pytest.raises(RuntimeError, match="closed"):
+        publisher.publish_batch([(partitions[0], [b"late"])])
