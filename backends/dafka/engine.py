@@ -197,7 +197,7 @@ class DafkaEngine(Engine):
         self._observer: Observer | None = None
         self._writers: dict[tuple[str, int], PartitionWriter] = {}
         self._writer_node = WriterNode(lambda: self.dafka_config)
-        self.handover = Handover(self.progress)
+        self.handover = Handover(self.progress, stats)
         self._by_address: dict[tuple[str, str], PartitionWriter] = {}
         self._writable: set[str] = set()  # topics checked for produce
         self._groups: dict[str, Group] = {}

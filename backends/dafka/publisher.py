@@ -44,7 +44,7 @@ import zmq
 from backends.dafka import proto
 from backends.dafka.beacon import Beacon, apply_events, bind_data_socket, now_ms
 from backends.dafka.config import Config
-from backends.dafka.node import Actor, SocketFactory, messages
+from backends.dafka.node import Actor, SocketFactory
 from backends.dafka.unacked import UnackedList
 
 log = structlog.get_logger(__name__)
@@ -53,6 +53,8 @@ log = structlog.get_logger(__name__)
 # (C: up to 100,000 commands per wake-up), so ACKs and FETCHes are not starved.
 _BATCH = 100_000
 _PACK_SEQ = struct.Struct(">Q").pack
+_UNPACK_SEQ = struct.Struct(">Q").unpack_from
+_ACK_ID = bytes((proto.ACK,))
 # How long the PUB may keep the last HEADs after close: long enough to reach the wire,
 # short enough not to hold up a context termination.
 _LAST_HEAD_LINGER_MS = 200
@@ -76,6 +78,26 @@ def check_address(address: str) -> str:
     if len(address) != 32 or not all(c in "0123456789ABCDEF" for c in address):
         raise ValueError(f"a partition address is 32 upper-case hex digits: {address!r}")
     return address
+
+
+def _ack_sequence(
+    frames: list[bytes], by_address: dict[bytes, Partition]
+) -> tuple[Partition, int] | None:
+    """(partition, sequence) of an ACK (spec §1.3: `K<address>\\0`, version, subject,
+    sequence) of one of `by_address`'s partitions whose subject is that partition's topic,
+    read in place; None for anything else (the codec decides what it is)."""
+    frame = frames[0]
+    if frame[:1] != _ACK_ID or len(frames) != 1:
+        return None
+    nul = frame.find(b"\0", 1)
+    partition = by_address.get(frame[1:nul]) if nul > 0 else None
+    if partition is None:
+        return None
+    tail = partition._ack_tail
+    end = nul + 1 + len(tail)
+    if len(frame) < end + 8 or frame[nul + 1 : end] != tail:
+        return None
+    return partition, _UNPACK_SEQ(frame, end)[0]
 
 
 class Partition:
@@ -107,6 +129,9 @@ class Partition:
         self._unacked = UnackedList(first_sequence)
         self._hold_until = 0  # ms: no RECORD before (subscribe_settle)
         self._record_prefix = b""
+        self._head_prefix = b""
+        # What follows `K<address>\0` in an ACK of this partition, up to its sequence.
+        self._ack_tail = bytes((proto.VERSION, len(self._topic_bytes))) + self._topic_bytes
         self._direct_prefixes: dict[str, bytes] = {}
 
     # -- user side ----------------------------------------------------------------------
@@ -209,15 +234,16 @@ class Partition:
             pub.send(content)
 
     def _head(self, pub: zmq.Socket) -> None:
-        """HEAD with the last sequence published (spec §3)."""
-        head = proto.Message(
-            proto.HEAD,
-            self._topic_bytes,
-            address=self.address,
-            subject=self.topic,
-            sequence=self._unacked.next_sequence - 1,
-        )
-        pub.send_multipart(proto.encode(head))
+        """HEAD with the last sequence published (spec §3); its bytes but the sequence
+        built once with the codec, as a RECORD's (a gateway HEADs every partition it
+        wrote to, each `producer/head_interval`)."""
+        prefix = self._head_prefix
+        if not prefix:
+            head = proto.Message(
+                proto.HEAD, self._topic_bytes, address=self.address, subject=self.topic
+            )
+            prefix = self._head_prefix = proto.encode(head)[0][:-8]
+        pub.send(prefix + _PACK_SEQ(self._unacked.next_sequence - 1))
 
 
 class Publisher(Actor):
@@ -504,18 +530,37 @@ class Publisher(Actor):
         self, sub: zmq.Socket, pub: zmq.Socket, by_address: dict[bytes, Partition]
     ) -> None:
         """Drain ACKs and FETCHes (addressed to our partitions by subscription); then tell
-        each partition whose ACKs released records."""
+        each partition whose ACKs released records.
+
+        An ACK of one of our partitions is read in place (`_ack_sequence`): with records
+        spread over many partitions a store ACKs about every record on its own, and the
+        codec's decode cost as much as sending the record. Anything else is decoded."""
         acked: dict[Partition, int] = {}
-        for msg in messages(sub):
-            partition = by_address.get(msg.topic)
-            if partition is None or msg.subject != partition.topic:
-                continue
-            if msg.id == proto.ACK:
-                if partition not in acked:
-                    acked[partition] = partition._unacked.last_acked
-                partition._ack(msg.sequence)
-            elif msg.id == proto.FETCH:
-                partition._fetch(pub, msg)
+        recv = sub.recv_multipart
+        for _ in range(_BATCH):
+            try:
+                frames = recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            ack = _ack_sequence(frames, by_address)
+            if ack is None:
+                try:
+                    msg = proto.decode(frames)
+                except proto.MalformedMessage:
+                    continue  # dropped, as C drops them (spec §1.6)
+                found = by_address.get(msg.topic)
+                if found is None or msg.subject != found.topic:
+                    continue
+                if msg.id == proto.FETCH:
+                    found._fetch(pub, msg)
+                    continue
+                if msg.id != proto.ACK:
+                    continue
+                ack = found, msg.sequence
+            partition, sequence = ack
+            if partition not in acked:
+                acked[partition] = partition._unacked.last_acked
+            partition._ack(sequence)
         for partition, before in acked.items():
             last = partition._unacked.last_acked
             if partition._on_ack is not None and last != before:
