@@ -365,6 +365,10 @@ class DafkaEngine(Engine):
         """The actor all partition writers share (blocking the first time: any thread)."""
         return self._writer_node.get()
 
+    def running_publisher(self) -> Publisher | None:
+        """That actor if it runs now, without waiting (loop thread)."""
+        return self._writer_node.running()
+
     def writer(self, topic: str, number: int) -> PartitionWriter:
         writer = self._writers.get((topic, number))
         if writer is None or writer.failed is not None:  # a failed one: try again

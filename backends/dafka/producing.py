@@ -6,18 +6,20 @@ at the stores' head + 1, so a restarted gateway never reuses an offset. All of a
 writers are partitions of one `publisher.Publisher` (`WriterNode`): one thread, one data
 socket and one beacon however many partitions it writes, where a Dafka producer per
 partition cost a thread, four sockets and their connections, and a beacon that the tower
-sent to every node (N² messages per interval). Opening a writer takes a thread hop (asking
-the stores for its head; the first one also waits for the tower), so records produced
-meanwhile wait in the writer, in order, and are counted as outstanding like every other
-record. Between the event loop and the actor's thread things pass in batches (`Handover`):
-the records every writer got in one pass of the loop, in one hand-over at its end; the
-ACKs of many partitions, in one callback on the loop.
+sent to every node (N² messages per interval). A writer starts at the head the observer
+knows the stores hold. While the actor runs, a writer opens at once, on the loop; the first
+one (and the first after the actor died) opens off the loop, as it makes the actor, which
+waits for the tower: records produced meanwhile wait in the writer, in order, and are
+counted as outstanding like every other record. Between the event loop and the actor's
+thread things pass in batches (`Handover`): the records every writer got in one pass of the
+loop, in one hand-over at its end; the ACKs of many partitions, in one callback on the loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
@@ -52,6 +54,16 @@ class WriterNode:
         self._lock = threading.Lock()
         self._publisher: Publisher | None = None
         self._closed = False
+
+    def running(self) -> Publisher | None:
+        """The actor if one runs and takes partitions now, without waiting (the loop's
+        thread); None when the next writer must make one with `get()`, off the loop. A
+        stale answer is harmless: opening a partition on an actor that just died raises
+        RuntimeError, and the writer then opens off the loop as a first one does."""
+        publisher = self._publisher
+        if publisher is None or self._closed or not publisher.usable:
+            return None
+        return publisher
 
     def get(self) -> Publisher:
         """Blocking (the first call waits for the tower); any thread."""
@@ -173,7 +185,21 @@ class PartitionWriter:
         self.submitted = 0
         self.acked = 0  # positions below are held by a store
         self.failed: str | None = None
-        self.ready: asyncio.Task[None] = self.loop.create_task(self._start())
+        # Once the actor runs, a writer opens at once, on the loop: asking the observer
+        # and the actor costs two uncontended locks, where a thread hop per writer cost
+        # an executor job, a future and a wake-up of the loop each (4,000 writers opened
+        # within one produce burst over 1,000 topics of 4 partitions).
+        self.ready: asyncio.Future[None] = self.loop.create_future()
+        publisher = engine.running_publisher()
+        if publisher is not None:
+            # Refused (the actor died just now, ...): off the loop as a first writer, which
+            # makes a new actor or fails the writer the way a writer fails.
+            with contextlib.suppress(Exception):
+                self._producer = self._open(publisher)
+        if self._producer is None:
+            self.ready = self.loop.create_task(self._start())
+        else:
+            self.ready.set_result(None)
 
     def submit(self, values: Sequence[bytes]) -> int:
         """Queue `values`; returns the position after the last one. Past
@@ -200,7 +226,7 @@ class PartitionWriter:
     async def _start(self) -> None:
         engine = self._engine
         try:
-            self._producer = await asyncio.to_thread(self._open)
+            self._producer = await asyncio.to_thread(lambda: self._open(engine.publisher()))
         except Exception as error:
             self.failed = f"Local: Transport failure: {error}"
             log.error("cannot start partition writer", topic=self.topic, error=str(error))
@@ -240,7 +266,8 @@ class PartitionWriter:
             self._engine.stats.incr(Stats.DELIVERY_ERRORS, lost)
         self._engine.progress()
 
-    def _open(self) -> Partition:
+    def _open(self, publisher: Publisher) -> Partition:
+        """Open this writer's partition on `publisher` where the stores stopped."""
         engine = self._engine
         head = engine.observer.stored_head(self.topic, self.address)
         published = engine.observer.heads(self.topic).get(self.address, -1)
@@ -256,7 +283,7 @@ class PartitionWriter:
                 published=published,
             )
         self._first_sequence = head + 1
-        return engine.publisher().open(
+        return publisher.open(
             self.topic, address=self.address, first_sequence=head + 1, on_ack=self._on_ack_thread
         )
 
@@ -296,16 +323,23 @@ class ProducerHandle(Producer):
         self._closed = False
 
     def produce(self, topic: str, key: bytes | None, value: bytes) -> None:
-        self.produce_many(topic, key, (value,))
+        # One RPUSHX value, the common case: no generator to look for the envelope's mark.
+        if key is not None or value.startswith(MAGIC):
+            value = wrap(key, value)
+        self._submit(topic, key, (value,))
 
     def produce_many(self, topic: str, key: bytes | None, values: Sequence[bytes]) -> int:
+        if values and (key is not None or any(v.startswith(MAGIC) for v in values)):
+            values = [wrap(key, value) for value in values]
+        return self._submit(topic, key, values)
+
+    def _submit(self, topic: str, key: bytes | None, values: Sequence[bytes]) -> int:
+        """`values`, already wrapped where they must be, to `topic`'s writer for `key`."""
         if self._closed or self._engine.stopped:
             raise ProduceError(STOPPED)
         if not values:
             return 0
         writer = self._engine.writer_for(topic, key)
-        if key is not None or any(v.startswith(MAGIC) for v in values):
-            values = [wrap(key, value) for value in values]
         start = writer.submitted
         try:
             end = writer.submit(values)

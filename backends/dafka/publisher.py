@@ -27,6 +27,10 @@ publish appends to the partition's deque and, when the partition is not already 
 flags it and wakes the actor (at most one wake-up pending for all partitions); the actor
 drains what it finds, up to `_BATCH` records per pass, so ACKs and FETCHes are not starved.
 Every socket except the user end of the pipe lives in the actor.
+
+Over 500 lines: the user side (`Partition`, `publish_batch`) and the actor share private
+state under one lock (queues, flags, the pending wake-up); split, that contract would span
+two modules.
 """
 
 from __future__ import annotations
@@ -53,8 +57,6 @@ log = structlog.get_logger(__name__)
 # (C: up to 100,000 commands per wake-up), so ACKs and FETCHes are not starved.
 _BATCH = 100_000
 _PACK_SEQ = struct.Struct(">Q").pack
-_UNPACK_SEQ = struct.Struct(">Q").unpack_from
-_ACK_ID = bytes((proto.ACK,))
 # How long the PUB may keep the last HEADs after close: long enough to reach the wire,
 # short enough not to hold up a context termination.
 _LAST_HEAD_LINGER_MS = 200
@@ -78,26 +80,6 @@ def check_address(address: str) -> str:
     if len(address) != 32 or not all(c in "0123456789ABCDEF" for c in address):
         raise ValueError(f"a partition address is 32 upper-case hex digits: {address!r}")
     return address
-
-
-def _ack_sequence(
-    frames: list[bytes], by_address: dict[bytes, Partition]
-) -> tuple[Partition, int] | None:
-    """(partition, sequence) of an ACK (spec §1.3: `K<address>\\0`, version, subject,
-    sequence) of one of `by_address`'s partitions whose subject is that partition's topic,
-    read in place; None for anything else (the codec decides what it is)."""
-    frame = frames[0]
-    if frame[:1] != _ACK_ID or len(frames) != 1:
-        return None
-    nul = frame.find(b"\0", 1)
-    partition = by_address.get(frame[1:nul]) if nul > 0 else None
-    if partition is None:
-        return None
-    tail = partition._ack_tail
-    end = nul + 1 + len(tail)
-    if len(frame) < end + 8 or frame[nul + 1 : end] != tail:
-        return None
-    return partition, _UNPACK_SEQ(frame, end)[0]
 
 
 class Partition:
@@ -130,8 +112,6 @@ class Partition:
         self._hold_until = 0  # ms: no RECORD before (subscribe_settle)
         self._record_prefix = b""
         self._head_prefix = b""
-        # What follows `K<address>\0` in an ACK of this partition, up to its sequence.
-        self._ack_tail = bytes((proto.VERSION, len(self._topic_bytes))) + self._topic_bytes
         self._direct_prefixes: dict[str, bytes] = {}
 
     # -- user side ----------------------------------------------------------------------
@@ -532,9 +512,9 @@ class Publisher(Actor):
         """Drain ACKs and FETCHes (addressed to our partitions by subscription); then tell
         each partition whose ACKs released records.
 
-        An ACK of one of our partitions is read in place (`_ack_sequence`): with records
-        spread over many partitions a store ACKs about every record on its own, and the
-        codec's decode cost as much as sending the record. Anything else is decoded."""
+        ACKs are read in place (`proto.decode_ack`): with records spread over many
+        partitions a store ACKs about every record on its own, and the codec's decode cost
+        as much as sending the record. Anything else is decoded."""
         acked: dict[Partition, int] = {}
         recv = sub.recv_multipart
         for _ in range(_BATCH):
@@ -542,22 +522,25 @@ class Publisher(Actor):
                 frames = recv(zmq.NOBLOCK)
             except zmq.Again:
                 break
-            ack = _ack_sequence(frames, by_address)
-            if ack is None:
+            fast = proto.decode_ack(frames)
+            if fast is not None:
+                routing, subject, sequence = fast
+                partition = by_address.get(routing)
+                if partition is None or subject != partition._topic_bytes:
+                    continue  # as after decode(): not ours, or another topic's
+            else:
                 try:
                     msg = proto.decode(frames)
                 except proto.MalformedMessage:
                     continue  # dropped, as C drops them (spec §1.6)
-                found = by_address.get(msg.topic)
-                if found is None or msg.subject != found.topic:
+                partition = by_address.get(msg.topic)
+                if partition is None or msg.subject != partition.topic:
                     continue
                 if msg.id == proto.FETCH:
-                    found._fetch(pub, msg)
-                    continue
+                    partition._fetch(pub, msg)
                 if msg.id != proto.ACK:
                     continue
-                ack = found, msg.sequence
-            partition, sequence = ack
+                sequence = msg.sequence
             if partition not in acked:
                 acked[partition] = partition._unacked.last_acked
             partition._ack(sequence)
