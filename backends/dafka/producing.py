@@ -49,8 +49,13 @@ class WriterNode:
     first writer that needs it, made again by the next one after it failed (its writers
     fail with it; the engine replaces a failed writer at its next record)."""
 
-    def __init__(self, config: Callable[[], Config]) -> None:
+    def __init__(
+        self, config: Callable[[], Config], ignore_peers: Callable[[str], bool] = is_own_address
+    ) -> None:
+        """`ignore_peers(address)`: the nodes the actor does not connect to, none of
+        which sends ACK or FETCH (by default other gateways' writers)."""
         self._config = config
+        self._ignore_peers = ignore_peers
         self._lock = threading.Lock()
         self._publisher: Publisher | None = None
         self._closed = False
@@ -76,7 +81,7 @@ class WriterNode:
                     publisher.close(0)
                 # Marked as a gateway's: the other gateways' writers do not connect to it.
                 publisher = self._publisher = Publisher(
-                    self._config(), address=publisher_address(), ignore_peers=is_own_address
+                    self._config(), address=publisher_address(), ignore_peers=self._ignore_peers
                 )
             return publisher
 
