@@ -134,15 +134,19 @@ def test_records_of_many_writers_in_one_pass_keep_each_topics_order(
     dafka_config: Config, store: Store
 ) -> None:
     """Every writer that got records in one pass of the event loop is handed to the actor
-    at its end, together: records interleaved over many topics come back in each topic's
-    order, each exactly once, and DUMP sees every ACK (they reach the loop in batches)."""
+    at its end, together, whether it opened in that pass (on the loop, the actor running)
+    or before: records interleaved over many topics come back in each topic's order, each
+    exactly once, and DUMP sees every ACK (they reach the loop in batches)."""
 
     async def body() -> None:
         async with engine_on(dafka_config, partitions=1) as engine:
             producer = engine.producer("s1")
+            producer.produce("pass-warm-up", None, b"w")  # its writer starts the actor
+            assert await producer.flush(WAIT) == 0
             topics = [f"pass-{i:02d}" for i in range(40)]
-            for topic in topics:  # the writers exist: the next records go out in one pass
+            for topic in topics:  # 40 writers opened on the loop, their records in one pass
                 producer.produce(topic, None, f"{topic}:0".encode())
+            assert producer.outstanding() == len(topics)
             assert await producer.flush(WAIT) == 0
             for n in range(1, 6):  # one pass: no await in between
                 for topic in topics:
