@@ -14,7 +14,9 @@ fresh broker) is started and:
 4. the gateway's RSS (VmRSS of the `rafka` process, every group still joined; on Dafka,
    the embedded tower and stores are processes of their own and not counted), its threads
    and open files, and the CPU seconds its child processes (Dafka: the embedded tower and
-   stores) used.
+   stores) used, and its own CPU (all its threads) per record produced and per record
+   consumed: on a shared machine the rates move with everyone else's load, the CPU a
+   record costs much less.
 On Kafka, each shape is then run again by a direct confluent-kafka client configured as
 the gateway's engine (bench/growth_direct.py, a process of its own on a fresh broker), and
 the gateway's figures are printed over the direct client's: a ratio that falls along the
@@ -112,6 +114,10 @@ class Figures:
     threads: float = 0.0  # the gateway's, at the end
     files: float = 0.0  # the gateway's open files, at the end
     children_cpu: float = 0.0  # seconds of CPU its child processes used, all of the shape
+    # CPU microseconds the gateway (all its threads) spent per record produced, consumed:
+    # what the rates cost, which other people's load on a shared machine moves much less.
+    produce_cpu: float = 0.0
+    consume_cpu: float = 0.0
 
 
 def threads_and_files(pid: int) -> tuple[int, int]:
@@ -137,6 +143,12 @@ def children_cpu(pid: int) -> float:
                 continue
             ticks += int(fields[11]) + int(fields[12])  # utime, stime
     return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user + system) `pid` used so far, all its threads."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def topic_names(count: int) -> list[str]:
@@ -191,16 +203,30 @@ async def shape(
     consumers = [await Client.connect(port, f"growth-{g}:c") for g in range(groups)]
     await asyncio.gather(*(consume(c, key, topics, window) for c in consumers))
     setup = time.perf_counter() - started
+    cpu = process_cpu(pid)
     produced = await produce(port, names, records)
+    produce_cpu = (process_cpu(pid) - cpu) * 1e6 / records
     each = min(records, max(1, deliveries // groups))
+    cpu = process_cpu(pid)
     start = time.perf_counter()
     await asyncio.gather(*(consume(c, key, each, window) for c in consumers))
     consumed = each * groups / (time.perf_counter() - start)
+    consume_cpu = (process_cpu(pid) - cpu) * 1e6 / (each * groups)
     rss = float(rss_bytes(pid))
     threads, files = threads_and_files(pid)
     for client in consumers:
         await client.close()
-    return Figures(produced, consumed, rss, setup, threads, files, children_cpu(pid))
+    return Figures(
+        produced,
+        consumed,
+        rss,
+        setup,
+        threads,
+        files,
+        children_cpu(pid),
+        produce_cpu,
+        consume_cpu,
+    )
 
 
 @contextmanager
@@ -325,9 +351,19 @@ def print_row(label: str, figures: Figures, reference: Figures | None) -> None:
     produce = ratio(figures.produce, reference.produce if reference else None)
     consume = ratio(figures.consume, reference.consume if reference else None)
     rss = ratio(figures.rss, reference.rss if reference else None)
-    # The direct client (bench/growth_direct.py) does not report threads, files, children.
+    ref_produce_cpu = 1 / reference.produce_cpu if reference and reference.produce_cpu else None
+    ref_consume_cpu = 1 / reference.consume_cpu if reference and reference.consume_cpu else None
+    # The direct client (bench/growth_direct.py) does not report threads, files, children
+    # nor CPU. The CPU ratios are the reference's CPU per record over this one's: like the
+    # rates' ratios, 0.8 or more is within 20%.
+    cpu = (
+        f"   {figures.produce_cpu:>7.1f} us {ratio(1 / figures.produce_cpu, ref_produce_cpu)}"
+        f"  {figures.consume_cpu:>7.1f} us {ratio(1 / figures.consume_cpu, ref_consume_cpu)}"
+        if figures.produce_cpu and figures.consume_cpu
+        else ""
+    )
     process = (
-        f"   {figures.threads:>7,.0f} {figures.files:>7,.0f} {figures.children_cpu:>8.1f} s"
+        f"   {figures.threads:>7,.0f} {figures.files:>7,.0f} {figures.children_cpu:>8.1f} s{cpu}"
         if figures.threads
         else ""
     )
@@ -429,7 +465,7 @@ def main() -> int:
         print(
             f"  {'shape':<20} {'produce':>11} {'ratio':>5}   {'consume':>11} {'ratio':>5}   "
             f"{'RSS':>11} {'ratio':>5}   {'set-up':>8}   {'threads':>7} {'files':>7} "
-            f"{'children':>10}",
+            f"{'children':>10}   {'CPU/produced':>16}  {'CPU/consumed':>16}",
             flush=True,
         )
         if engine == "kafka" and not args.no_direct:

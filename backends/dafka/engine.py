@@ -50,12 +50,13 @@ from backends.dafka.groups import Group, Member
 from backends.dafka.node import allow_sockets
 from backends.dafka.observer import NotSettled, Observer
 from backends.dafka.offsets import OFFSETS_TOPIC, CommitLog
-from backends.dafka.partitions import PartitionMap, make_partitioner
+from backends.dafka.partitions import PartitionMap, is_own_address, make_partitioner
 from backends.dafka.producer import check_topic
 from backends.dafka.producing import (
     ASK_INTERVAL,
     INTERNAL_PREFIX,
     INVALID_TOPIC,
+    Handover,
     PartitionWriter,
     ProducerHandle,
     WriterNode,
@@ -195,7 +196,8 @@ class DafkaEngine(Engine):
         self._started = False
         self._observer: Observer | None = None
         self._writers: dict[tuple[str, int], PartitionWriter] = {}
-        self._writer_node = WriterNode(lambda: self.dafka_config)
+        self._writer_node = WriterNode(lambda: self.dafka_config, self._not_a_writer_peer)
+        self.handover = Handover(self.progress, stats)
         self._by_address: dict[tuple[str, str], PartitionWriter] = {}
         self._writable: set[str] = set()  # topics checked for produce
         self._groups: dict[str, Group] = {}
@@ -362,6 +364,18 @@ class DafkaEngine(Engine):
     def publisher(self) -> Publisher:
         """The actor all partition writers share (blocking the first time: any thread)."""
         return self._writer_node.get()
+
+    def _not_a_writer_peer(self, address: str) -> bool:
+        """Nodes the writers' actor does not connect to (its beacon's thread): other
+        gateways' writers and this gateway's observer. Neither sends ACK or FETCH, and
+        connected, every node's XPUB keeps and reports the actor's two subscriptions per
+        partition (4,000 partitions: ~13 MiB in the observer's alone)."""
+        observer = self._observer
+        return is_own_address(address) or (observer is not None and address == observer.address)
+
+    def running_publisher(self) -> Publisher | None:
+        """That actor if it runs now, without waiting (loop thread)."""
+        return self._writer_node.running()
 
     def writer(self, topic: str, number: int) -> PartitionWriter:
         writer = self._writers.get((topic, number))

@@ -6,16 +6,20 @@ at the stores' head + 1, so a restarted gateway never reuses an offset. All of a
 writers are partitions of one `publisher.Publisher` (`WriterNode`): one thread, one data
 socket and one beacon however many partitions it writes, where a Dafka producer per
 partition cost a thread, four sockets and their connections, and a beacon that the tower
-sent to every node (N² messages per interval). Opening a writer takes a thread hop (asking
-the stores for its head; the first one also waits for the tower), so records produced
-meanwhile wait in the writer, in order, and are counted as outstanding like every other
-record.
+sent to every node (N² messages per interval). A writer starts at the head the observer
+knows the stores hold. While the actor runs, a writer opens at once, on the loop; the first
+one (and the first after the actor died) opens off the loop, as it makes the actor, which
+waits for the tower: records produced meanwhile wait in the writer, in order, and are
+counted as outstanding like every other record. Between the event loop and the actor's
+thread things pass in batches (`Handover`): the records every writer got in one pass of the
+loop, in one hand-over at its end; the ACKs of many partitions, in one callback on the loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
@@ -49,11 +53,26 @@ class WriterNode:
     first writer that needs it, made again by the next one after it failed (its writers
     fail with it; the engine replaces a failed writer at its next record)."""
 
-    def __init__(self, config: Callable[[], Config]) -> None:
+    def __init__(
+        self, config: Callable[[], Config], ignore_peers: Callable[[str], bool] = is_own_address
+    ) -> None:
+        """`ignore_peers(address)`: the nodes the actor does not connect to, none of
+        which sends ACK or FETCH (by default other gateways' writers)."""
         self._config = config
+        self._ignore_peers = ignore_peers
         self._lock = threading.Lock()
         self._publisher: Publisher | None = None
         self._closed = False
+
+    def running(self) -> Publisher | None:
+        """The actor if one runs and takes partitions now, without waiting (the loop's
+        thread); None when the next writer must make one with `get()`, off the loop. A
+        stale answer is harmless: opening a partition on an actor that just died raises
+        RuntimeError, and the writer then opens off the loop as a first one does."""
+        publisher = self._publisher
+        if publisher is None or self._closed or not publisher.usable:
+            return None
+        return publisher
 
     def get(self) -> Publisher:
         """Blocking (the first call waits for the tower); any thread."""
@@ -66,7 +85,7 @@ class WriterNode:
                     publisher.close(0)
                 # Marked as a gateway's: the other gateways' writers do not connect to it.
                 publisher = self._publisher = Publisher(
-                    self._config(), address=publisher_address(), ignore_peers=is_own_address
+                    self._config(), address=publisher_address(), ignore_peers=self._ignore_peers
                 )
             return publisher
 
@@ -77,6 +96,84 @@ class WriterNode:
             self._closed = True
             publisher, self._publisher = self._publisher, None
         return 0 if publisher is None else publisher.close(timeout)
+
+
+class Handover:
+    """What passes between the partition writers (event loop) and their `Publisher`
+    thread, in batches.
+
+    Records: a writer that gets records in a pass of the event loop enlists here; at the
+    end of the pass all of them go to the actor in one `publish_batch()` (one lock, at
+    most one wake-up of its thread), where a hand-over per writer cost a callback, a lock
+    and a race with the woken actor for each of up to 1,000 topics a pipeline touched.
+
+    ACKs: the actor reports each partition whose ACKs released records, once per pass of
+    its own; the reports wait here, and one `call_soon_threadsafe` (a write to the loop's
+    self-pipe) delivers all that came until the loop runs it, instead of one per
+    partition, and `progress` (wake the DUMPs waiting) runs once for all of them.
+
+    Counts: the records clients produced and those acknowledged, in plain ints of the
+    loop's (`Stats.count_in`), not with the lock of `Stats.incr()` per RPUSHX and ACK.
+    """
+
+    def __init__(self, progress: Callable[[], None], stats: Stats) -> None:
+        self._progress = progress
+        self.produced = 0  # Stats.PRODUCED
+        self.delivered = 0  # Stats.DELIVERED
+        stats.count_in(Stats.PRODUCED, lambda: self.produced)
+        stats.count_in(Stats.DELIVERED, lambda: self.delivered)
+        self._writers: list[PartitionWriter] = []  # loop thread only
+        self._acks: list[tuple[PartitionWriter, int]] = []  # under _acks_lock
+        self._acks_lock = threading.Lock()
+
+    def enlist(self, writer: PartitionWriter) -> None:
+        """Loop thread: `writer` got the first pending records of this pass."""
+        if not self._writers:
+            writer.loop.call_soon(self.hand_over)
+        self._writers.append(writer)
+
+    def hand_over(self) -> None:
+        """Loop thread, at the end of a pass: every enlisted writer's pending records to
+        its actor, one hand-over per actor. (There is one, unless writers of an actor that
+        failed are enlisted beside writers of its replacement: a failed actor's writers
+        fail, the others' records go out.)"""
+        writers, self._writers = self._writers, []
+        batches: dict[Publisher, list[tuple[Partition, list[bytes]]]] = {}
+        writers_of: dict[Publisher, list[PartitionWriter]] = {}
+        for writer in writers:
+            partition, pending = writer.take_pending()
+            if partition is not None and pending:
+                batches.setdefault(partition.owner, []).append((partition, pending))
+                writers_of.setdefault(partition.owner, []).append(writer)
+        for publisher, batch in batches.items():
+            try:
+                firsts = publisher.publish_batch(batch)
+            except RuntimeError as error:  # the actor is gone: these records never go out
+                for writer, (_, records) in zip(writers_of[publisher], batch, strict=True):
+                    writer.fail(error, len(records))
+                continue
+            handed = zip(writers_of[publisher], firsts, batch, strict=True)
+            for writer, first, (_, records) in handed:
+                writer.handed_over(first, records)
+
+    def ack_thread(self, writer: PartitionWriter, last_acked: int) -> None:
+        """The actor's thread: a store acknowledged `writer`'s records up to
+        `last_acked`."""
+        with self._acks_lock:
+            first = not self._acks
+            self._acks.append((writer, last_acked))
+        if first:
+            writer.loop.call_soon_threadsafe(self._deliver_acks)
+
+    def _deliver_acks(self) -> None:
+        """Loop thread: the ACKs reported since the last call, in the order they came."""
+        with self._acks_lock:
+            acks, self._acks = self._acks, []
+        moved = False
+        for writer, last_acked in acks:
+            moved = writer.on_ack(last_acked) or moved
+        if moved:
+            self._progress()
 
 
 class PartitionWriter:
@@ -90,13 +187,13 @@ class PartitionWriter:
         # produced (producer.delivered.messages, producer.delivery.errors).
         self.internal = topic.startswith(INTERNAL_PREFIX)
         self._engine = engine
-        self._loop = asyncio.get_running_loop()
+        self._handover: Handover = engine.handover
+        self.loop = asyncio.get_running_loop()
         self._producer: Partition | None = None
         self._first_sequence = 0
         self._waiting: list[bytes] = []  # produced before the actor existed
-        # Submitted during this pass of the event loop: handed to the actor once, at the
-        # end of the pass, so that many connections' RPUSHX cost one hand-over (one lock,
-        # at most one wake-up of the actor's thread).
+        # Submitted during this pass of the event loop: handed to the actor with every
+        # other writer's at the end of the pass (`Handover`).
         self._pending: list[bytes] = []
         self.submitted = 0
         self.acked = 0  # positions below are held by a store
@@ -104,7 +201,21 @@ class PartitionWriter:
         # False once the stores showed another writer of this partition: a new writer
         # would conflict the same way (and the address stays open on the Publisher).
         self.replaceable = True
-        self.ready: asyncio.Task[None] = self._loop.create_task(self._start())
+        # Once the actor runs, a writer opens at once, on the loop: asking the observer
+        # and the actor costs two uncontended locks, where a thread hop per writer cost
+        # an executor job, a future and a wake-up of the loop each (4,000 writers opened
+        # within one produce burst over 1,000 topics of 4 partitions).
+        self.ready: asyncio.Future[None] = self.loop.create_future()
+        publisher = engine.running_publisher()
+        if publisher is not None:
+            # Refused (the actor died just now, ...): off the loop as a first writer, which
+            # makes a new actor or fails the writer the way a writer fails.
+            with contextlib.suppress(Exception):
+                self._producer = self._open(publisher)
+        if self._producer is None:
+            self.ready = self.loop.create_task(self._start())
+        else:
+            self.ready.set_result(None)
 
     def submit(self, values: Sequence[bytes]) -> int:
         """Queue `values`; returns the position after the last one. Past
@@ -121,7 +232,7 @@ class PartitionWriter:
                 self._waiting.extend(values)
             else:
                 if not self._pending:
-                    self._loop.call_soon(self.publish_pending)
+                    self._handover.enlist(self)
                 self._pending.extend(values)
             self.submitted += len(values)
         if full:
@@ -131,7 +242,7 @@ class PartitionWriter:
     async def _start(self) -> None:
         engine = self._engine
         try:
-            self._producer = await asyncio.to_thread(self._open)
+            self._producer = await asyncio.to_thread(lambda: self._open(engine.publisher()))
         except Exception as error:
             self.failed = f"Local: Transport failure: {error}"
             log.error("cannot start partition writer", topic=self.topic, error=str(error))
@@ -145,24 +256,41 @@ class PartitionWriter:
         self._pending, self._waiting = self._waiting, []
         self.publish_pending()
 
-    def publish_pending(self) -> None:
-        """Hand what this pass submitted to the actor (loop thread)."""
+    def take_pending(self) -> tuple[Partition | None, list[bytes]]:
+        """Loop thread: the actor's partition and the records submitted since the last
+        hand-over, taken (none before the partition is open: they wait in `_waiting`)."""
+        if self._producer is None:
+            return None, []
         pending, self._pending = self._pending, []
-        if not pending or self._producer is None:
+        return self._producer, pending
+
+    def publish_pending(self) -> None:
+        """Hand this writer's pending records to the actor now, alone (loop thread)."""
+        partition, pending = self.take_pending()
+        if partition is None or not pending:
             return
         try:
-            first = self._producer.publish_many(pending)
-        except RuntimeError as error:  # the actor is gone: these records never go out
-            self.failed = f"Local: Transport failure: {error}"
-            log.error("partition writer failed", topic=self.topic, error=str(error))
-            if not self.internal:
-                self._engine.stats.incr(Stats.DELIVERY_ERRORS, len(pending))
-            self._engine.progress()
+            first = partition.publish_many(pending)
+        except RuntimeError as error:
+            self.fail(error, len(pending))
             return
-        # Handed over, sequences known: this gateway's groups may take them now.
-        self._engine.published(self.topic, self.address, first, pending)
+        self.handed_over(first, pending)
 
-    def _open(self) -> Partition:
+    def handed_over(self, first: int, records: list[bytes]) -> None:
+        """Loop thread: `records` are the actor's, from sequence `first` on: this
+        gateway's groups may take them now (in process: docs/dafka-engine.md, "Latency")."""
+        self._engine.published(self.topic, self.address, first, records)
+
+    def fail(self, error: Exception, lost: int) -> None:
+        """The actor is gone: `lost` records handed to it never go out (loop thread)."""
+        self.failed = f"Local: Transport failure: {error}"
+        log.error("partition writer failed", topic=self.topic, error=str(error))
+        if not self.internal:
+            self._engine.stats.incr(Stats.DELIVERY_ERRORS, lost)
+        self._engine.progress()
+
+    def _open(self, publisher: Publisher) -> Partition:
+        """Open this writer's partition on `publisher` where the stores stopped."""
         engine = self._engine
         head = engine.observer.stored_head(self.topic, self.address)
         published = engine.observer.heads(self.topic).get(self.address, -1)
@@ -178,7 +306,7 @@ class PartitionWriter:
                 published=published,
             )
         self._first_sequence = head + 1
-        return engine.publisher().open(
+        return publisher.open(
             self.topic,
             address=self.address,
             first_sequence=head + 1,
@@ -187,10 +315,10 @@ class PartitionWriter:
         )
 
     def _on_ack_thread(self, last_acked: int) -> None:
-        self._loop.call_soon_threadsafe(self._on_ack, last_acked)
+        self._handover.ack_thread(self, last_acked)
 
     def _on_conflict_thread(self, held: int) -> None:
-        self._loop.call_soon_threadsafe(self._on_conflict, held)
+        self.loop.call_soon_threadsafe(self._on_conflict, held)
 
     def _on_conflict(self, held: int) -> None:
         """A store holds offset `held`, beyond every record this writer sent: its ACKs no
@@ -214,14 +342,18 @@ class PartitionWriter:
         held = self._engine.observer.held_by_all(self.topic, self.address)
         return max(0, min(held - self._first_sequence + 1, self.acked))
 
-    def _on_ack(self, last_acked: int) -> None:
+    def on_ack(self, last_acked: int) -> bool:
+        """Loop thread: a store holds this writer's records up to sequence `last_acked`;
+        whether that acknowledged any record not acknowledged before (the caller then
+        wakes the DUMPs waiting: `engine.progress()`)."""
         acked = last_acked - self._first_sequence + 1
-        if acked > self.acked and self.replaceable:
-            self._engine.observer.note_stored(self.topic, self.address, last_acked)
-            if not self.internal:
-                self._engine.stats.incr(Stats.DELIVERED, acked - self.acked)
-            self.acked = acked
-            self._engine.progress()
+        if acked <= self.acked or not self.replaceable:
+            return False
+        self._engine.observer.note_stored(self.topic, self.address, last_acked)
+        if not self.internal:
+            self._handover.delivered += acked - self.acked
+        self.acked = acked
+        return True
 
 
 class ProducerHandle(Producer):
@@ -235,16 +367,23 @@ class ProducerHandle(Producer):
         self._closed = False
 
     def produce(self, topic: str, key: bytes | None, value: bytes) -> None:
-        self.produce_many(topic, key, (value,))
+        # One RPUSHX value, the common case: no generator to look for the envelope's mark.
+        if key is not None or value.startswith(MAGIC):
+            value = wrap(key, value)
+        self._submit(topic, key, (value,))
 
     def produce_many(self, topic: str, key: bytes | None, values: Sequence[bytes]) -> int:
+        if values and (key is not None or any(v.startswith(MAGIC) for v in values)):
+            values = [wrap(key, value) for value in values]
+        return self._submit(topic, key, values)
+
+    def _submit(self, topic: str, key: bytes | None, values: Sequence[bytes]) -> int:
+        """`values`, already wrapped where they must be, to `topic`'s writer for `key`."""
         if self._closed or self._engine.stopped:
             raise ProduceError(STOPPED)
         if not values:
             return 0
         writer = self._engine.writer_for(topic, key)
-        if key is not None or any(v.startswith(MAGIC) for v in values):
-            values = [wrap(key, value) for value in values]
         start = writer.submitted
         try:
             end = writer.submit(values)
@@ -264,7 +403,7 @@ class ProducerHandle(Producer):
             ranges[-1][1] = end
         else:
             ranges.append([start, end])
-        self._engine.stats.incr(Stats.PRODUCED, end - start)
+        self._engine.handover.produced += end - start
 
     async def wait_for_room(self, timeout: float) -> None:
         # Writers make room when a store acknowledges (or a writer fails): both call

@@ -21,11 +21,16 @@ Per partition, as the single producer did (issue 7):
 - a last HEAD on the way out, so a consumer that missed the records and HEADs of a
   short-lived partition still learns it exists.
 
-Threading: `Partition.publish()`/`publish_many()` and `Publisher.open()` may be called from
-any thread. A publish appends to the partition's deque and, when the partition is not
-already flagged, flags it and wakes the actor (at most one wake-up pending for all
-partitions); the actor drains what it finds, up to `_BATCH` records per pass, so ACKs and
-FETCHes are not starved. Every socket except the user end of the pipe lives in the actor.
+Threading: `Partition.publish()`/`publish_many()`, `Publisher.publish_batch()` (the records of
+many partitions in one hand-over) and `Publisher.open()` may be called from any thread. A
+publish appends to the partition's deque and, when the partition is not already flagged,
+flags it and wakes the actor (at most one wake-up pending for all partitions); the actor
+drains what it finds, up to `_BATCH` records per pass, so ACKs and FETCHes are not starved.
+Every socket except the user end of the pipe lives in the actor.
+
+Over 500 lines: the user side (`Partition`, `publish_batch`) and the actor share private
+state under one lock (queues, flags, the pending wake-up); split, that contract would span
+two modules.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ import zmq
 from backends.dafka import proto
 from backends.dafka.beacon import Beacon, apply_events, bind_data_socket, now_ms
 from backends.dafka.config import Config
-from backends.dafka.node import Actor, SocketFactory, messages
+from backends.dafka.node import Actor, SocketFactory
 from backends.dafka.unacked import UnackedList
 
 log = structlog.get_logger(__name__)
@@ -108,9 +113,15 @@ class Partition:
         self._unacked = UnackedList(first_sequence)
         self._hold_until = 0  # ms: no RECORD before (subscribe_settle)
         self._record_prefix = b""
+        self._head_prefix = b""
         self._direct_prefixes: dict[str, bytes] = {}
 
     # -- user side ----------------------------------------------------------------------
+
+    @property
+    def owner(self) -> Publisher:
+        """The publisher this partition is one of."""
+        return self._owner
 
     def publish(self, content: bytes | bytearray | memoryview) -> int:
         """Queue one record; never blocks on the network. Returns its sequence."""
@@ -126,12 +137,18 @@ class Partition:
         owner = self._owner
         with owner._lock:
             owner._check_open()
-            self._queue.extend(contents)
-            first = self.first_sequence + self._submitted
-            self._submitted += len(contents)
-            if not self._flagged:
-                self._flagged = True
-                owner._flag(self)
+            first = self._queue_under_lock(contents)
+            owner._wake_once()
+        return first
+
+    def _queue_under_lock(self, contents: Sequence[bytes]) -> int:
+        """Under the owner's lock: queue `contents`, flag; the first one's sequence."""
+        self._queue.extend(contents)
+        first = self.first_sequence + self._submitted
+        self._submitted += len(contents)
+        if not self._flagged:
+            self._flagged = True
+            self._owner._flagged.append(self)
         return first
 
     def sent_count(self) -> int:
@@ -207,15 +224,16 @@ class Partition:
             pub.send(content)
 
     def _head(self, pub: zmq.Socket) -> None:
-        """HEAD with the last sequence published (spec §3)."""
-        head = proto.Message(
-            proto.HEAD,
-            self._topic_bytes,
-            address=self.address,
-            subject=self.topic,
-            sequence=self._unacked.next_sequence - 1,
-        )
-        pub.send_multipart(proto.encode(head))
+        """HEAD with the last sequence published (spec §3); its bytes but the sequence
+        built once with the codec, as a RECORD's (a gateway HEADs every partition it
+        wrote to, each `producer/head_interval`)."""
+        prefix = self._head_prefix
+        if not prefix:
+            head = proto.Message(
+                proto.HEAD, self._topic_bytes, address=self.address, subject=self.topic
+            )
+            prefix = self._head_prefix = proto.encode(head)[0][:-8]
+        pub.send(prefix + _PACK_SEQ(self._unacked.next_sequence - 1))
 
 
 class Publisher(Actor):
@@ -290,6 +308,22 @@ class Publisher(Actor):
         """Neither closed nor failed: `open()` and its partitions take records."""
         return not (self._closed or self._failed)
 
+    def publish_batch(self, batch: Iterable[tuple[Partition, Sequence[bytes]]]) -> list[int]:
+        """Queue the records of many partitions of this publisher with one hand-over
+        (one lock, at most one wake-up of the actor): each partition's `contents` in
+        order, as `publish_many()` would; returns each one's first sequence, in order.
+        Raises RuntimeError, queueing none of them, when the actor is closed or dead;
+        ValueError for another publisher's partition."""
+        with self._lock:
+            self._check_open()
+            batch = list(batch)
+            for partition, _ in batch:
+                if partition._owner is not self:
+                    raise ValueError(f"partition {partition.address} is not this publisher's")
+            firsts = [partition._queue_under_lock(contents) for partition, contents in batch]
+            self._wake_once()
+        return firsts
+
     def partition_count(self) -> int:
         return len(self._partitions)
 
@@ -334,11 +368,6 @@ class Publisher(Actor):
         """Under `_lock`: refuse work once closed or dead."""
         if self._closed or self._failed:
             raise RuntimeError("Dafka producer is closed")
-
-    def _flag(self, partition: Partition) -> None:
-        """Under `_lock`: `partition` has records queued."""
-        self._flagged.append(partition)
-        self._wake_once()
 
     def _wake_once(self) -> None:
         """Under `_lock`: wake the actor unless a wake-up is pending already."""
@@ -494,19 +523,41 @@ class Publisher(Actor):
         self, sub: zmq.Socket, pub: zmq.Socket, by_address: dict[bytes, Partition]
     ) -> None:
         """Drain ACKs and FETCHes (addressed to our partitions by subscription); then tell
-        each partition whose ACKs released records."""
+        each partition whose ACKs released records.
+
+        ACKs are read in place (`proto.decode_ack`): with records spread over many
+        partitions a store ACKs about every record on its own, and the codec's decode cost
+        as much as sending the record. Anything else is decoded."""
         acked: dict[Partition, int] = {}
-        for msg in messages(sub):
-            partition = by_address.get(msg.topic)
-            if partition is None or msg.subject != partition.topic:
-                continue
-            if msg.id == proto.ACK:
-                if partition not in acked:
-                    acked[partition] = partition._unacked.last_acked
-                if not partition._ack(msg.sequence) and partition._on_conflict is not None:
-                    partition._on_conflict(msg.sequence)
-            elif msg.id == proto.FETCH:
-                partition._fetch(pub, msg)
+        recv = sub.recv_multipart
+        for _ in range(_BATCH):
+            try:
+                frames = recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            fast = proto.decode_ack(frames)
+            if fast is not None:
+                routing, subject, sequence = fast
+                partition = by_address.get(routing)
+                if partition is None or subject != partition._topic_bytes:
+                    continue  # as after decode(): not ours, or another topic's
+            else:
+                try:
+                    msg = proto.decode(frames)
+                except proto.MalformedMessage:
+                    continue  # dropped, as C drops them (spec §1.6)
+                partition = by_address.get(msg.topic)
+                if partition is None or msg.subject != partition.topic:
+                    continue
+                if msg.id == proto.FETCH:
+                    partition._fetch(pub, msg)
+                if msg.id != proto.ACK:
+                    continue
+                sequence = msg.sequence
+            if partition not in acked:
+                acked[partition] = partition._unacked.last_acked
+            if not partition._ack(sequence) and partition._on_conflict is not None:
+                partition._on_conflict(sequence)
         for partition, before in acked.items():
             last = partition._unacked.last_acked
             if partition._on_ack is not None and last != before:

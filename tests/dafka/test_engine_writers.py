@@ -10,7 +10,7 @@ import threading
 import pytest
 import zmq
 
-from backends.base import ProduceError
+from backends.base import ProduceError, Stats
 from backends.dafka.config import Config
 from backends.dafka.partitions import own_address
 from backends.dafka.publisher import Publisher
@@ -168,5 +168,77 @@ def test_a_partition_another_writer_wrote_to_refuses_records_and_dump_counts_the
                 b"theirs-2",
                 b"theirs-3",
             ]
+
+    run(body())
+
+
+def test_records_of_many_writers_in_one_pass_keep_each_topics_order(
+    dafka_config: Config, store: Store
+) -> None:
+    """Every writer that got records in one pass of the event loop is handed to the actor
+    at its end, together, whether it opened in that pass (on the loop, the actor running)
+    or before: records interleaved over many topics come back in each topic's order, each
+    exactly once, and DUMP sees every ACK (they reach the loop in batches)."""
+
+    async def body() -> None:
+        async with engine_on(dafka_config, partitions=1) as engine:
+            producer = engine.producer("s1")
+            producer.produce("pass-warm-up", None, b"w")  # its writer starts the actor
+            assert await producer.flush(WAIT) == 0
+            topics = [f"pass-{i:02d}" for i in range(40)]
+            for topic in topics:  # 40 writers opened on the loop, their records in one pass
+                producer.produce(topic, None, f"{topic}:0".encode())
+            assert producer.outstanding() == len(topics)
+            assert await producer.flush(WAIT) == 0
+            for n in range(1, 6):  # one pass: no await in between
+                for topic in topics:
+                    producer.produce_many(topic, None, [f"{topic}:{n}".encode()])
+            assert producer.outstanding() == 5 * len(topics)
+            assert await producer.flush(WAIT) == 0, "DUMP over 40 writers of one pass"
+            member = await engine.consumer("g", "c", topics, {})
+            records = await take(member, 6 * len(topics))
+            by_topic: dict[str, list[bytes | None]] = {}
+            for record in records:
+                by_topic.setdefault(record.topic, []).append(record.value)
+            assert by_topic == {t: [f"{t}:{n}".encode() for n in range(6)] for t in topics}
+            await member.close()
+
+    run(body())
+
+
+def test_a_writer_failing_mid_pass_costs_only_its_own_records(
+    dafka_config: Config, store: Store
+) -> None:
+    """One pass hands records to a dead actor (writers opened before it died) and to its
+    replacement (a writer opened after): the dead one's writer fails and its records
+    count as not durable; the other writer's records are stored, in order. (The actor's
+    death is stood for by closing it behind the engine's back, as above.)"""
+
+    async def body() -> None:
+        async with engine_on(dafka_config, partitions=1) as engine:
+            producer = engine.producer("s1")
+            producer.produce("mid-old", None, b"kept")
+            assert await producer.flush(WAIT) == 0
+            gone = engine.publisher()
+            gone.close(0)
+            producer.produce("mid-new", None, b"new-0")  # a new writer, on a new actor
+            assert await producer.flush(WAIT) == 0
+            assert engine.publisher() is not gone
+            delivery_errors = engine.stats.get(Stats.DELIVERY_ERRORS)
+            for n in (1, 2):  # one pass: both writers enlisted for the same hand-over
+                producer.produce("mid-old", None, f"old-{n}".encode())
+                producer.produce("mid-new", None, f"new-{n}".encode())
+            assert await producer.flush(WAIT) == 2, "the dead actor's two records"
+            assert engine.stats.get(Stats.DELIVERY_ERRORS) - delivery_errors == 2
+            member = await engine.consumer("g", "c", ["mid-old", "mid-new"], {})
+            records = await take(member, 4)
+            got = sorted((r.topic, r.offset, r.value) for r in records)
+            assert got == [
+                ("mid-new", 0, b"new-0"),
+                ("mid-new", 1, b"new-1"),
+                ("mid-new", 2, b"new-2"),
+                ("mid-old", 0, b"kept"),
+            ]
+            await member.close()
 
     run(body())

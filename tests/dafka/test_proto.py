@@ -270,6 +270,25 @@ def test_decode_record_fast_path() -> None:
         proto.decode_record([b"Mt\x00\x00", b""])
 
 
+def test_decode_ack_fast_path_reads_what_decode_reads_or_leaves_it_to_decode() -> None:
+    ack = proto.encode(Message(proto.ACK, P.encode(), subject="hello", sequence=7))
+    assert proto.decode_ack(ack) == (P.encode(), b"hello", 7)
+    assert proto.decode_ack([ack[0] + b"trailing", b"more"]) == (P.encode(), b"hello", 7)
+    assert proto.decode_ack(WORKED[0][1]) is None  # a RECORD
+    malformed = [
+        [ack[0][:-1]],  # the sequence cut short
+        [ack[0].replace(b"\0\x01", b"\0\x02", 1)],  # another version
+        [b"K" + P.encode()],  # no NUL
+        [b"K" + P.encode() + b"\0"],  # nothing after the routing topic
+        [b"K" + P.encode() + b"\0\x01"],  # no subject length
+        [b"K" + P.encode() + b"\0\x01\xff" + b"x" * 20],  # subject longer than the frame
+    ]
+    for frames in malformed:
+        assert proto.decode_ack(frames) is None, frames
+        with pytest.raises(MalformedMessage):
+            proto.decode(frames)
+
+
 def test_subscription_and_xpub_events() -> None:
     assert proto.subscription(proto.RECORD, "hello") == b"Mhello"
     assert proto.subscription(proto.DIRECT_RECORD, C.encode()) == b"D" + C.encode()

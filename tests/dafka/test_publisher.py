@@ -249,3 +249,65 @@ def test_a_partition_started_below_the_stored_head_reports_a_conflict_not_acks(
         assert [content for _, content in records] == [b"old-0", b"old-1", b"old-2", b"old-3"]
     finally:
         second.close(timeout=0)
+
+
+def test_one_batch_publishes_many_partitions_in_order_and_refuses_a_stranger_whole(
+    publisher: Publisher, dafka_config: Config, store: Store
+) -> None:
+    """`publish_batch()`: the records of many partitions in one hand-over, each partition's
+    in the order given (a partition twice in one batch: its records in batch order)."""
+    partitions = open_many(publisher)
+    halves = [(p, contents(p)[: RECORDS // 2]) for p in partitions]
+    rest = [(p, contents(p)[RECORDS // 2 :]) for p in partitions]
+    publisher.publish_batch(halves + rest)
+    wait_acked(partitions, 10, "ACKs for every partition of one batch")
+    for partition in partitions:
+        assert stored(store, partition) == contents(partition), partition.address
+    other = Publisher(dafka_config, zmq.Context.instance())
+    try:
+        stranger = other.open("topic-0", address=address())
+        mine = partitions[0]
+        with pytest.raises(ValueError, match="not this publisher's"):
+            publisher.publish_batch([(mine, [b"not queued"]), (stranger, [b"x"])])
+        assert mine.unacked_count() == 0, "a refused batch queues none of its records"
+    finally:
+        other.close(timeout=0)
+    assert publisher.close(timeout=5) == 0
+    with pytest.raises(RuntimeError, match="closed"):
+        publisher.publish_batch([(partitions[0], [b"late"])])
+
+
+def test_acks_are_taken_only_when_well_formed_and_for_the_partitions_topic(
+    publisher: Publisher, test_peer: TestPeer
+) -> None:
+    """ACKs of our partitions are read in place (not through the codec): what the codec
+    would refuse or ignore must still be refused or ignored. The peer's messages arrive
+    in order, so each bad ACK below (each claiming every record) was read before the good
+    one that releases two records."""
+    partition = publisher.open("acked", address=address())
+    partition.publish_many([b"r0", b"r1", b"r2", b"r3", b"r4"])
+    test_peer.wait_connected(publisher.address)
+    test_peer.wait_subscribed(proto.subscription(proto.ACK, partition.address))
+    wait_until(lambda: partition.sent_count() == 5, 5, "the records sent (an ACK releases those)")
+
+    def ack(subject: str, sequence: int) -> bytes:
+        message = proto.Message(
+            proto.ACK, partition.address.encode(), subject=subject, sequence=sequence
+        )
+        return proto.encode(message)[0]
+
+    good = ack("acked", 4)
+    bad = [
+        [ack("other", 4)],  # another topic's subject
+        [ack("acke", 4)],  # a prefix of it
+        [good.replace(b"\0\x01", b"\0\x02", 1)],  # another version
+        [good[:-1]],  # the sequence cut short
+        [b"K" + partition.address.encode()],  # no NUL, nothing after the routing topic
+    ]
+    for frames in bad:
+        test_peer.send_frames(frames)
+    test_peer.send_frames([ack("acked", 1) + b"trailing bytes"])  # ignored, as in C
+    wait_until(lambda: partition.unacked_count() <= 3, 5, "the good ACK of records 0-1")
+    assert partition.unacked_count() == 3, "a bad ACK released records"
+    test_peer.send_frames([good, b"a second frame"])  # an ACK has one frame; C ignores more
+    wait_until(lambda: partition.unacked_count() == 0, 5, "the ACK of every record")
