@@ -704,7 +704,7 @@ class DafkaBench:
         workdir: Path,
         problems: Problems,
         dafka: dict[str, Any] | None = None,
-        event_loop: str = "asyncio",
+        event_loop: str = "uvloop",
     ) -> None:
         self.problems = problems
         data = workdir / "rafka-data"
@@ -1124,7 +1124,7 @@ def main() -> int:
         "--idle-connections", type=int, default=10_000, help="idle connections (0: none)"
     )
     parser.add_argument(
-        "--event-loop", choices=("asyncio", "uvloop"), default="asyncio", help="the gateway's"
+        "--event-loop", choices=("asyncio", "uvloop"), default="uvloop", help="the gateway's"
     )
     parser.add_argument(
         "--latency",

@@ -100,7 +100,7 @@ class Config:
     max_range: int = 1000
     log_format: str = "console"
     # The event loop: asyncio's own, or uvloop's (libuv; installed with rafka).
-    event_loop: str = "asyncio"
+    event_loop: str = "uvloop"
     log_level: str = "info"
     # Where an engine that keeps data on this machine keeps it (Dafka, embedded).
     data_dir: str = "rafka-data"
@@ -387,7 +387,7 @@ def argument_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--version", action="version", version=f"rafka version {__version__}")
     parser.add_argument("--log-json", action="store_true", help="log JSON lines")
-    parser.add_argument("--event-loop", choices=EVENT_LOOPS, help="the event loop (asyncio)")
+    parser.add_argument("--event-loop", choices=EVENT_LOOPS, help="the event loop (uvloop)")
     for entry in ENGINES.values():
         for flag in entry.flags():
             parser.add_argument(flag.flag, type=flag.type, help=flag.help, metavar="VALUE")
