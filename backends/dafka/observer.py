@@ -16,9 +16,11 @@ knows has (`acks: all`).
 "A store has answered in full" is told by our store readers' END_OF_HEADS mark after the
 heads of every subject (`proto.EVERY_SUBJECT`): the observer is *settled* once every store
 reader it greeted has sent its mark (at least `min_stores` of them), or once `min_stores`
-have and no answer came for `settle` seconds (a C store sends no mark). A hello can be
-lost (the reader's SUB had not joined our XPUB yet; our subscription to its answers had
-not reached it yet): a reader greeted and silent is greeted again every `RETRY` seconds.
+have and no answer came for `settle` seconds. A hello can be lost (the reader's SUB had
+not joined our XPUB yet; our subscription to its answers had not reached it yet): a reader
+greeted and silent is greeted again every `RETRY` seconds. A reader greeted `GIVE_UP`
+times without a mark is taken for a C store (they send none): it counts as answered, by
+the quiet rule, and is greeted no more until a refresh.
 Judging by time alone made a gateway restarted on a slow machine settle before its
 store's answer came, resume its partitions at offset 0 and lose records a store then
 refused as already held (the kill -9 test, CI run of 2026-11-24).
@@ -42,6 +44,7 @@ from backends.dafka.node import Node, messages
 log = structlog.get_logger(__name__)
 
 RETRY = 0.25  # seconds before greeting again a store reader whose answer did not end
+GIVE_UP = 8  # greetings without END_OF_HEADS before a reader is taken for a C store
 
 
 class NotSettled(Exception):
@@ -76,6 +79,8 @@ class Observer(Node):
         self._readers: set[str] = set()  # store readers greeted
         self._complete: set[str] = set()  # readers whose last full answer ended (mark)
         self._greeted_at: dict[str, float] = {}  # reader -> last full request, until marked
+        self._greetings: dict[str, int] = {}  # reader -> full requests it left unmarked
+        self._unmarked: set[str] = set()  # readers greeted GIVE_UP times, never marked: C
         self._requester: dict[str, str] = {}  # reader -> our requester address for it
         self._reader_of: dict[bytes, str] = {}  # requester routing bytes -> reader
         self._held: dict[str, dict[tuple[str, str], int]] = {}  # reader -> its heads
@@ -103,12 +108,13 @@ class Observer(Node):
                 now = time.monotonic()
                 quiet = now - self._last_answer
                 complete = len(self._complete)
-                enough = complete >= min_stores
+                answered = len(self._complete | self._unmarked)
+                enough = answered >= min_stores
                 if enough and (complete >= len(self._readers) or quiet >= self._settle):
                     return
                 if now >= deadline:
                     raise NotSettled(
-                        f"{complete} of {min_stores} Dafka store(s) answered within {timeout:g} s"
+                        f"{answered} of {min_stores} Dafka store(s) answered within {timeout:g} s"
                     )
                 wait = self._settle - quiet if enough else 0.05
                 self._cond.wait(max(0.001, min(wait, deadline - now)))
@@ -220,8 +226,15 @@ class Observer(Node):
         did not end their answer (the hello or the answer was lost)."""
         now = time.monotonic()
         for name, at in list(self._greeted_at.items()):
-            if now - at >= RETRY:
+            if now - at < RETRY:
+                continue
+            if self._greetings.get(name, 0) < GIVE_UP:
                 self._hello(sub, xpub, name.encode())
+                continue
+            with self._cond:  # never marks: a C store; the quiet rule judges it
+                del self._greeted_at[name]
+                self._unmarked.add(name)
+                self._cond.notify_all()
 
     def _track_alive(self, beacon: Beacon) -> None:
         """The store readers the tower still announces (a dead one leaves after
@@ -231,6 +244,7 @@ class Observer(Node):
             if alive != self._alive:
                 for gone in self._alive - alive:
                     self._greeted_at.pop(gone, None)  # a dead store never answers
+                    self._greetings.pop(gone, None)
                 self._alive = alive
                 self._cond.notify_all()
 
@@ -259,8 +273,13 @@ class Observer(Node):
         with self._cond:
             self._readers.add(name)
             self._last_answer = time.monotonic()
-            if proto.EVERY_SUBJECT in hello.subjects and name not in self._complete:
+            if (
+                proto.EVERY_SUBJECT in hello.subjects
+                and name not in self._complete
+                and name not in self._unmarked
+            ):
                 self._greeted_at[name] = self._last_answer
+                self._greetings[name] = self._greetings.get(name, 0) + 1
             self._cond.notify_all()
 
     def _end_of_heads(self, requester: bytes) -> None:
@@ -270,6 +289,8 @@ class Observer(Node):
         with self._cond:
             self._complete.add(reader)
             self._greeted_at.pop(reader, None)
+            self._greetings.pop(reader, None)
+            self._unmarked.discard(reader)
             self._last_answer = time.monotonic()
             self._cond.notify_all()
 

@@ -9,7 +9,7 @@ import zmq
 
 from backends.dafka import proto
 from backends.dafka.config import Config
-from backends.dafka.observer import NotSettled, Observer
+from backends.dafka.observer import GIVE_UP, NotSettled, Observer
 from backends.dafka.producer import Producer
 from backends.dafka.store import Store
 from backends.dafka.test_peer import TestPeer
@@ -122,5 +122,30 @@ def test_a_store_that_does_not_end_its_answer_is_greeted_again(
                 test_peer.recv_id(proto.CONSUMER_HELLO, 1.0)
                 late += 1
                 assert late <= 1, "greeted again after its answer ended"
+    finally:
+        observer.close()
+
+
+def test_a_store_that_never_marks_its_answer_is_taken_for_a_c_store(
+    dafka_config: Config, test_peer: TestPeer
+) -> None:
+    """C stores send no END_OF_HEADS: after GIVE_UP greetings the observer takes the
+    reader for one, judges it by the quiet rule, and greets it no more (a joined gateway
+    on C stores starts, GIVE_UP x RETRY seconds later than on ours)."""
+    observer = Observer(dafka_config, zmq.Context.instance(), settle=0.1)
+    try:
+        requester = _greeted(test_peer, observer)
+        test_peer.send_direct_head(requester, "c", 7)  # a C store's answer: heads, no mark
+        observer.wait_settled(1, 10)
+        assert observer.stored_head("c", test_peer.address) == 7
+        greetings = 1
+        while True:  # the greetings it got before it was taken for a C store
+            try:
+                test_peer.recv_id(proto.CONSUMER_HELLO, 1.0)
+            except TimeoutError:
+                break
+            greetings += 1
+            assert greetings <= GIVE_UP, "greeted again after it was taken for a C store"
+        assert greetings == GIVE_UP
     finally:
         observer.close()
