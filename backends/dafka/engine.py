@@ -660,16 +660,18 @@ class DafkaEngine(Engine):
 
     # --- commits ---------------------------------------------------------------------------
 
-    async def commit_now(self, stored_wait: float = 0.0, group: Group | None = None) -> None:
+    async def commit_now(
+        self, stored_wait: float = 0.0, group: Group | None = None, member: Member | None = None
+    ) -> None:
         """Write every ack not yet committed as one record and wait until a store has it.
         With `stored_wait`: then, for up to that long, commit again as stores acknowledge
-        the records of `group`'s acks held back (`committable`), until none is."""
+        the records of `member`'s acks in `group` held back (`committable`), until none is."""
         await self._commit_pending()
-        if stored_wait <= 0 or group is None:
+        if stored_wait <= 0 or group is None or member is None:
             return
         loop = asyncio.get_running_loop()
         deadline = loop.time() + stored_wait
-        while group.commits_held_back():
+        while group.commits_held_back(member):
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return

@@ -347,9 +347,11 @@ class Group:
         part.acked = offset + 1
         part.dirty = True
 
-    def commits_held_back(self) -> bool:
-        """An ack is not committed yet: no store holds the records it covers."""
-        return any(part.dirty for part in self.parts.values())
+    def commits_held_back(self, member: Member) -> bool:
+        """An ack on a partition `member` owns is not committed yet: no store holds the
+        records it covers. (The other members' acks are theirs to wait for: they keep
+        acking records taken before the stores have them.)"""
+        return any(part.dirty and part.owner is member for part in self.parts.values())
 
     def pending_commits(self) -> list[tuple[str, int, int]]:
         """(topic, partition, next offset) acked since the last call."""
@@ -492,7 +494,7 @@ class Member(Consumer):
         try:
             # Its last acks are often of records taken before a store had them (in
             # process): committed once a store has them, within a bound.
-            await self._engine.commit_now(self._engine.close_commit_wait, self.group)
+            await self._engine.commit_now(self._engine.close_commit_wait, self.group, self)
         finally:
             await self.group.leave(self)
             if self.on_closed is not None:
