@@ -113,10 +113,13 @@ class Pending:
             self._schedule()
         return True
 
-    def saw(self, size: int) -> None:
-        """A record of `size` bytes went to librdkafka alone: it bounds what it holds too."""
+    def saw(self, count: int, size: int) -> None:
+        """`count` records of at most `size` bytes go to librdkafka alone: they bound what
+        it holds too, and take room the deferred ones counted on until the next look."""
         if size > self._largest:
             self._largest = size
+        self._room_count -= count
+        self._room_bytes -= count * size
 
     def _look(self, size: int) -> None:
         """What librdkafka's queue can still take, whatever was delivered meanwhile."""

@@ -223,7 +223,7 @@ class ProducerHandle(Producer):
             shared.produced += 1
             return
         pending.send()  # the records accepted before this one go first
-        pending.saw(size)
+        pending.saw(1, size)
         refused_at = shared.generation
         on_delivery = self._delivery_cb if topic in self._known else self._learning_cb
         try:
@@ -259,7 +259,7 @@ class ProducerHandle(Producer):
             if taken == count:
                 return count
         pending.send()  # the records accepted before these go first
-        pending.saw(largest)
+        pending.saw(count - taken, largest)
         rd_produce = self._rd_produce
         on_delivery = self._delivery_cb if topic in self._known else self._learning_cb
         enqueued = taken
