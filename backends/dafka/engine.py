@@ -464,6 +464,13 @@ class DafkaEngine(Engine):
             if topic != TOPICS_TOPIC:
                 self.reader.unsubscribe(topic)
 
+    def writer_failed(self, topic: str, address: str) -> None:
+        """This gateway's writer of `address` failed: what it handed over may never reach
+        a store, and the writer that replaces it writes new records at those offsets. The
+        groups reading `topic` here restart the partition where the stores hold it."""
+        for group in self._readers_of.get(topic, ()):
+            group.writer_failed(topic, address)
+
     def published(self, topic: str, address: str, first: int, contents: list[bytes]) -> None:
         """This gateway's writer of `address` handed `contents` (sequences `first`, ...)
         to its publisher: the groups reading `topic` here take them at once, in process

@@ -152,6 +152,16 @@ class Group:
             part.generation,
         )
 
+    def writer_failed(self, topic: str, address: str) -> None:
+        """The writer of this gateway's partition `address` failed: the records it handed
+        to this group in process may never be stored, and its replacement writes others at
+        their offsets. Restart at the last ack, or where the stores' records end if that is
+        lower (acks of records taken in process, never stored): the reader brings what the
+        stores hold from there on, the replacement's records included."""
+        part = self.parts.get((topic, address))
+        if part is not None and part.started:
+            self._start(part, self.engine.committable(topic, address, part.acked))
+
     def topic_deleted(self, topic: str) -> None:
         """The topic was deleted (rafka-topics): its records are gone, and its offsets
         with them. Restart its partitions from the oldest record the stores will keep

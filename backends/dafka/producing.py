@@ -283,10 +283,13 @@ class PartitionWriter:
 
     def fail(self, error: Exception, lost: int) -> None:
         """The actor is gone: `lost` records handed to it never go out (loop thread)."""
+        if self.failed is not None:
+            return  # failed already (a conflict): counted then
         self.failed = f"Local: Transport failure: {error}"
         log.error("partition writer failed", topic=self.topic, error=str(error))
         if not self.internal:
             self._engine.stats.incr(Stats.DELIVERY_ERRORS, lost)
+        self._engine.writer_failed(self.topic, self.address)
         self._engine.progress()
 
     def _open(self, publisher: Publisher) -> Partition:
@@ -332,6 +335,7 @@ class PartitionWriter:
         log.error("partition writer conflict", topic=self.topic, partition=self.number, held=held)
         if not self.internal:
             self._engine.stats.incr(Stats.DELIVERY_ERRORS, self.submitted - self.acked)
+        self._engine.writer_failed(self.topic, self.address)
         self._engine.progress()
 
     def durable(self) -> int:

@@ -216,3 +216,42 @@ def test_a_member_leaving_right_after_its_acks_has_them_all_committed(network: C
             await after.close()
 
     run(body())
+
+
+def test_records_taken_from_a_writer_that_failed_give_way_to_its_replacements(
+    dafka_config: Config, tower: Tower
+) -> None:
+    """Records handed to the writers' actor reach the group in process; the actor then
+    dies before any store has them (no store runs; its death is stood for by closing it
+    behind the engine's back, as in test_engine_writers). The replacement writer resumes
+    where the stores' records end, so its records take the lost ones' offsets: the group
+    must get them, not skip them as copies of what it already took."""
+    context: zmq.Context = zmq.Context.instance()
+
+    async def body() -> None:
+        store = Store(dafka_config, context)
+        try:
+            async with engine_on(dafka_config, partitions=1) as engine:
+                member = await engine.consumer("g", "c", ["t"], {})
+                producer = engine.producer("s1")
+                producer.produce_many("t", None, [b"kept"])
+                assert await producer.flush(WAIT) == 0
+                assert [r.value for r in await take(member, 1)] == [b"kept"]
+                await asyncio.to_thread(store.close)
+                producer.produce_many("t", None, [b"lost-1", b"lost-2"])
+                taken = await take(member, 2)
+                assert [(r.offset, r.value) for r in taken] == [(1, b"lost-1"), (2, b"lost-2")]
+                engine.publisher().close(0)  # the actor dies: lost-1 and lost-2 with it
+                producer.produce("t", None, b"refused")  # fails the writer at the hand-over
+                await one_pass()
+                store = Store(dafka_config, context)
+                producer.produce_many("t", None, [b"new-1", b"new-2"])  # on a new actor
+                got = await take(member, 2)
+                assert [(r.offset, r.value) for r in got] == [(1, b"new-1"), (2, b"new-2")], (
+                    "the replacement's records at the lost records' offsets were skipped"
+                )
+                await member.close()
+        finally:
+            await asyncio.to_thread(store.close)
+
+    run(body())
