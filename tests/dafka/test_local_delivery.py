@@ -9,7 +9,7 @@ import asyncio
 
 import zmq
 
-from backends.base import Record
+from backends.base import Producer, Record
 from backends.dafka.config import Config
 from backends.dafka.engine import DafkaEngine
 from backends.dafka.groups import Member
@@ -38,6 +38,16 @@ async def started(member: Member, engine: DafkaEngine) -> None:
     producer.produce_many("t", None, [b"first"])
     [record] = await take(member, 1)
     assert record.value == b"first"
+
+
+async def stored_and_taken(engine: DafkaEngine, value: bytes) -> tuple[Member, Producer]:
+    """Group `g`'s member on `t` and a producer: `value` produced, stored (DUMP), taken."""
+    member = await engine.consumer("g", "c", ["t"], {})
+    producer = engine.producer("s1")
+    producer.produce_many("t", None, [value])
+    assert await producer.flush(WAIT) == 0
+    assert [r.value for r in await take(member, 1)] == [value]
+    return member, producer
 
 
 def test_records_written_here_are_ready_in_the_same_loop_pass(network: Config) -> None:
@@ -163,11 +173,7 @@ def test_a_commit_never_passes_what_no_store_holds(dafka_config: Config, tower: 
         store = Store(dafka_config, context)
         try:
             async with engine_on(dafka_config, partitions=1) as engine:
-                member = await engine.consumer("g", "c", ["t"], {})
-                producer = engine.producer("s1")
-                producer.produce_many("t", None, [b"a"])
-                assert await producer.flush(WAIT) == 0
-                assert [r.value for r in await take(member, 1)] == [b"a"]
+                member, producer = await stored_and_taken(engine, b"a")
                 await engine.commit_now()
                 assert engine.offsets.committed("g", "t") == {0: 1}
                 await asyncio.to_thread(store.close)
@@ -232,11 +238,7 @@ def test_records_taken_from_a_writer_that_failed_give_way_to_its_replacements(
         store = Store(dafka_config, context)
         try:
             async with engine_on(dafka_config, partitions=1) as engine:
-                member = await engine.consumer("g", "c", ["t"], {})
-                producer = engine.producer("s1")
-                producer.produce_many("t", None, [b"kept"])
-                assert await producer.flush(WAIT) == 0
-                assert [r.value for r in await take(member, 1)] == [b"kept"]
+                member, producer = await stored_and_taken(engine, b"kept")
                 await asyncio.to_thread(store.close)
                 producer.produce_many("t", None, [b"lost-1", b"lost-2"])
                 taken = await take(member, 2)
