@@ -60,8 +60,11 @@ def _int(config: Mapping[str, Any], name: str, default: int) -> int:
 class Pending:
     """The records deferred to the next `send()`, and the room librdkafka surely has."""
 
-    def __init__(self, rd: Any, config: Mapping[str, Any]) -> None:
+    def __init__(
+        self, rd: Any, config: Mapping[str, Any], on_sent: Callable[[], None] = lambda: None
+    ) -> None:
         self._rd = rd
+        self._on_sent = on_sent  # called after each send() that handed records over
         self._max_messages = _int(config, "queue.buffering.max.messages", _DEFAULT_MAX_MESSAGES)
         self._max_bytes = _int(config, "queue.buffering.max.kbytes", _DEFAULT_MAX_KBYTES) * 1024
         # Records at most this large (key and value) are deferred.
@@ -155,6 +158,7 @@ class Pending:
             if queued != len(messages):
                 refused = [message for message in messages if "_error" in message]
                 self._refused(topic, refused, None)
+        self._on_sent()
 
     def _refused(self, topic: str, messages: list[dict[str, Any]], text: str | None) -> None:
         """Records librdkafka did not take: delivery errors of their owners."""

@@ -3,11 +3,16 @@
 Rafka made one producer per connection; a single shared producer batches better and
 costs one set of broker connections. Each session gets a `ProducerHandle` that counts
 its own records through per-message delivery callbacks, so DUMP waits only for them.
-A thread owned by `SharedProducer` serves the callbacks (`poll`). The callbacks only
-tally per handle in a dict that thread owns; after each `poll()` returns, the batch is
-applied at once: each handle's outstanding count and the Stats are updated once, and a
-handle's flush is woken (`call_soon_threadsafe`) when its count reaches 0. Per-record
-locking on the poll thread fought the event loop for the GIL and the locks.
+
+The callbacks are served on the event loop's thread (`SharedProducer.serve`): right
+after each loop pass that handed records to librdkafka, and by a timer, every
+POLL_BUSY while librdkafka holds records and every POLL_IDLE otherwise (client events).
+They only tally per handle; after each poll the batch is applied at once: each handle's
+outstanding count and the Stats are updated once, and a handle's flush is woken when its
+count reaches 0. A thread of our own that polled (as before) took the GIL for every few
+reports and made the loop give it up: at 50 clients without pipelining, that thread cost
+2.4-4.4 us per RPUSHX and the loop its thread switches (docs/gateway.md, "Delivery
+reports on the loop").
 
 Records go to librdkafka in one produce_batch() per topic and loop pass where it is sure
 to take them (backends.kafka.pending), else one produce() each, as before.
@@ -33,12 +38,11 @@ from backends.settings import redacted
 log = structlog.get_logger("rafka.kafka.producer")
 
 QUEUE_FULL = str(KafkaError(KafkaError._QUEUE_FULL).str())  # "Local: Queue full"
-POLL_INTERVAL = 0.1  # seconds; poll() returns at once when a callback is due
-# After a poll() that served at least BUSY_REPORTS delivery reports, the poll thread waits
-# BUSY_PAUSE seconds before the next (SharedProducer._serve): only a busy producer
-# pauses, so a DUMP after a few records is not delayed, and never by more than this.
-BUSY_REPORTS = 8
-BUSY_PAUSE = 0.001
+# Seconds between two polls of the timer: while librdkafka holds records (their reports
+# are due soon; a DUMP waits at most this long past its last report), and while it holds
+# none (only client-level events can come).
+POLL_BUSY = 0.001
+POLL_IDLE = 0.1
 CLOSED = "Producer closed"
 # Client-level events that are noise rather than trouble (Rafka 0.6.2, PR #90).
 _IGNORED_EVENT = "Connection reset by peer"
@@ -50,19 +54,22 @@ _ANY_PARTITION = -1  # RD_KAFKA_PARTITION_UA: librdkafka's partitioner chooses
 
 
 class SharedProducer:
-    """The process-wide librdkafka producer and the thread that serves its callbacks."""
+    """The process-wide librdkafka producer, its callbacks served on the event loop.
+
+    Created on the loop's thread, which alone produces and polls until close()."""
 
     def __init__(self, config: Mapping[str, str], stats: Stats) -> None:
         self._stats = stats
+        self._loop = asyncio.get_running_loop()
         conf: dict[str, Any] = {**config, "error_cb": self._on_error}
         try:
             self.rd = RdProducer(conf)
         except Exception as exc:  # librdkafka rejects names and values here
             raise ProducerCreationError(creation_error_text(exc)) from exc
-        self.pending = Pending(self.rd, config)
+        self.pending = Pending(self.rd, config, on_sent=self.handed_over)
         # Records of each handle settled (delivered or failed) since the last batch was
         # applied, and how many of them failed. Only the thread serving callbacks touches
-        # them: the poll thread, or close() once that thread has ended.
+        # them: the loop's, or close()'s once the loop polls no more.
         self.settled: dict[ProducerHandle, int] = {}
         self._failed = 0
         # Batches of settled records so far, and who waits for the next one (handles
@@ -74,27 +81,45 @@ class SharedProducer:
         # alone, without Stats' lock per record.
         self.produced = 0
         stats.count_in(Stats.PRODUCED, lambda: self.produced)
-        self._stopping = threading.Event()
-        self._thread = threading.Thread(
-            target=self._serve, name="rafka-kafka-producer-poll", daemon=True
-        )
-        self._thread.start()
+        self._closing = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_busy = False
+        self._arm(POLL_IDLE)
         log.info("producer started", config=redacted(config))
 
-    def _serve(self) -> None:
-        while not self._stopping.is_set():
-            try:
-                self.rd.poll(POLL_INTERVAL)
-            except Exception:  # a callback raised: keep serving the others
-                log.exception("producer poll failed")
-            if self._apply_settled() >= BUSY_REPORTS:
-                # Busy: let the next reports gather for a moment. confluent-kafka takes
-                # the GIL for each report it serves; served a few at a time, each of
-                # those takes costs the event loop a thread switch (redis-benchmark, 50
-                # clients, no pipeline, two alternating runs on a shared 2-core machine:
-                # this thread 4.25 -> 2.65 us and the loop 20.75 -> 19.25 us of CPU per
-                # command, 22k -> 23.4k commands/s).
-                self._stopping.wait(BUSY_PAUSE)
+    def serve(self) -> None:
+        """Serve the callbacks due now and apply what they settled (on the loop)."""
+        try:
+            self.rd.poll(0)
+        except Exception:  # a callback raised: the others are served at the next poll
+            log.exception("producer poll failed")
+        self._apply_settled()
+
+    def handed_over(self) -> None:
+        """Records just went to librdkafka: serve the reports due and poll often until
+        librdkafka holds no more."""
+        if self._closing:
+            return
+        self.serve()
+        self.poll_soon()
+
+    def poll_soon(self) -> None:
+        """librdkafka holds records: poll every POLL_BUSY from now on."""
+        if not self._timer_busy and not self._closing:
+            self._arm(POLL_BUSY)
+
+    def _arm(self, interval: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_busy = interval == POLL_BUSY
+        self._timer = self._loop.call_later(interval, self._tick)
+
+    def _tick(self) -> None:
+        self._timer = None
+        if self._closing:
+            return
+        self.serve()
+        self._arm(POLL_BUSY if len(self.rd) else POLL_IDLE)
 
     def note_failure(self, session_id: str, error: KafkaError, message: Message) -> None:
         """Count and log one failed delivery (on the thread serving callbacks)."""
@@ -155,16 +180,19 @@ class SharedProducer:
         log.warning("Error consuming delivery event: Unknown event type", error=text)
 
     async def close(self, timeout: float) -> int:
-        """Stop the poll thread, deliver what can be delivered within `timeout`, close.
+        """Stop polling on the loop, deliver what can be delivered within `timeout` (in a
+        worker thread, which then serves the callbacks), close.
 
         Returns the number of records abandoned (purged) at the end.
         """
         self.pending.close()
-        self._stopping.set()
+        self._closing = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         return await asyncio.to_thread(self._close_blocking, timeout)
 
     def _close_blocking(self, timeout: float) -> int:
-        self._thread.join()
         left: int = self.rd.flush(max(timeout, 0.0))
         if left:
             # Fail what could not be delivered so that close() cannot hang on it;
@@ -183,11 +211,10 @@ class ProducerHandle(Producer):
 
     No lock on the hot path: the event loop's thread, the only one that produces, alone
     writes `_produced` (and the shared producer's count for Stats.PRODUCED); the thread
-    serving callbacks alone adds to `_settled`, under `_lock`. Outstanding is their
-    difference. Records are counted as produced before librdkafka has them (their
-    delivery may be served before produce() returns), so `_settled` never passes
-    `_produced`. The lock also guards the waiters, so a flush cannot miss the wake-up of
-    its last record.
+    serving callbacks (the loop's, or close()'s worker at the end) alone adds to
+    `_settled`, under `_lock`. Outstanding is their difference. Records are counted as
+    produced before librdkafka has them, so `_settled` never passes `_produced`. The
+    lock also guards the waiters, so a flush cannot miss the wake-up of its last record.
     """
 
     def __init__(self, shared: SharedProducer, stats: Stats, session_id: str) -> None:
@@ -214,7 +241,7 @@ class ProducerHandle(Producer):
         shared = self._shared
         pending = self._pending
         size = len(value) if key is None else len(value) + len(key)
-        self._produced += 1  # first: the poll thread may deliver it before we return
+        self._produced += 1  # first: a refusal below takes it back
         if (
             topic in self._known
             and size <= pending.max_size
@@ -234,6 +261,7 @@ class ProducerHandle(Producer):
             self._refused_at = refused_at
             raise _refusal(exc, 0) from None
         shared.produced += 1
+        shared.poll_soon()
 
     def produce_many(self, topic: str, key: bytes | None, values: Sequence[bytes]) -> int:
         """As produce() for each value, in order, with one count per call."""
@@ -242,7 +270,7 @@ class ProducerHandle(Producer):
         count = len(values)
         if not count:
             return 0
-        # All first: the poll thread may deliver the first ones before we return.
+        # All first: a refusal below takes back the ones not enqueued.
         self._produced += count
         pending = self._pending
         extra = 0 if key is None else len(key)
@@ -271,9 +299,11 @@ class ProducerHandle(Producer):
             # `enqueued` is the refused record's index: the ones before it stay queued.
             self._unproduce(count - enqueued)
             self._shared.produced += enqueued - taken
+            self._shared.poll_soon()
             self._refused_at = refused_at
             raise _refusal(exc, enqueued) from None
         self._shared.produced += count - taken
+        self._shared.poll_soon()
         return count
 
     def _unproduce(self, count: int) -> None:
