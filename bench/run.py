@@ -2,6 +2,9 @@
 
 Dafka engine (embedded: the gateway runs its own dafka-towerd and dafka-stored; the Dafka
 perf tools join that network, so they and the gateway write to the same store):
+0. redis-benchmark RPUSHX (50 clients, without and with -P 16) against the gateway and
+   against a redis-server, as on Kafka (4. below); `--front-only`: these rows alone, on
+   either engine.
 1. Produce through the gateway (pipelined RPUSHX, 1000 per pipeline, + DUMP, with redis-py
    and pre-encoded; RPUSHX with 100 values + DUMP) next to `dafka-perf-store` (publish
    until a store has acknowledged); redis-py's own ceiling against a redis-server.
@@ -252,6 +255,24 @@ def wait_delivered(port: int, timeout: float = 120) -> None:
     client.close()
 
 
+def resp_front(port: int, key: str, redis_port: int, args: argparse.Namespace) -> None:
+    """redis-benchmark RPUSHX to the gateway next to redis-server's RPUSH, 50 clients,
+    without and with -P 16; each run waits until the gateway's engine delivered what it
+    took (its records are really produced) before the next one starts."""
+    # Without a pipeline the gateway does a few ten thousand requests/s: a quarter of the
+    # records keeps the run short and is still 250 requests per client.
+    print("RESP front: redis-benchmark RPUSHX, 50 clients")
+    for pipeline in (1, 16):
+        requests = args.records if pipeline > 1 else args.records // 4
+        ours, reference = [], []
+        rpushx = ("-P", str(pipeline), "RPUSHX")
+        for _ in range(args.runs):
+            ours.append(redis_benchmark(port, requests, *rpushx, key, VALUE))
+            reference.append(redis_benchmark(redis_port, requests, *rpushx, "topics:bench", VALUE))
+            wait_delivered(port)
+        row(f"  gateway -P {pipeline}", ours, reference, "redis-server")
+
+
 def kafka_bench(args: argparse.Namespace, problems: Problems) -> None:
     runs = args.runs
     linger = "0 (Rafka's test configuration)" if args.linger_ms is None else args.linger_ms
@@ -288,21 +309,9 @@ def kafka_bench(args: argparse.Namespace, problems: Problems) -> None:
             if args.kafka_consume_only:
                 kafka_consume(args, broker, gateway.port, problems)
                 return
-            # Without a pipeline the gateway does a few thousand requests/s: a quarter of
-            # the records keeps the run short and is still 500 requests per client.
-            print("RESP front: redis-benchmark RPUSHX, 50 clients")
-            for pipeline in (1, 16):
-                requests = args.records if pipeline > 1 else args.records // 4
-                ours, reference = [], []
-                rpushx = ("-P", str(pipeline), "RPUSHX")
-                for _ in range(runs):
-                    key = f"topics:{bench_topic}"
-                    ours.append(redis_benchmark(gateway.port, requests, *rpushx, key, VALUE))
-                    reference.append(
-                        redis_benchmark(redis_port, requests, *rpushx, "topics:bench", VALUE)
-                    )
-                    wait_delivered(gateway.port)
-                row(f"  gateway -P {pipeline}", ours, reference, "redis-server")
+            resp_front(gateway.port, f"topics:{bench_topic}", redis_port, args)
+            if args.front_only:
+                return
 
             print("\nKafka path: records/s, gateway vs direct confluent-kafka")
             direct, piped, multi, raw, ceiling = [], [], [], [], []
@@ -937,6 +946,11 @@ def dafka_bench(args: argparse.Namespace, problems: Problems) -> None:
                 f"medians of {runs} runs\n",
                 flush=True,
             )
+            bench.warm_up("bench-front")
+            resp_front(bench.port, "topics:bench-front", redis_port, args)
+            print(flush=True)
+            if args.front_only:
+                return
             perf_store, piped, raw, multi, ceiling = [], [], [], [], []
             perf_consumer, one, pipelined, batched = [], [], [], []
             for run in range(runs):
@@ -1106,6 +1120,9 @@ def main() -> int:
         "--kafka-consume-only", action="store_true", help="Kafka: only the consume rows"
     )
     parser.add_argument("--latency-only", action="store_true", help="Dafka: only the latency rows")
+    parser.add_argument(
+        "--front-only", action="store_true", help="only the RESP front rows (redis-benchmark)"
+    )
     parser.add_argument(
         "--kafka-produce-only",
         action="store_true",
