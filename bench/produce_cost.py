@@ -4,8 +4,8 @@ Wall-clock rates on a shared 2-core machine move with everyone else's load; the 
 time each process and thread spends per record moves much less. This script runs one
 gateway (`rafka`, Kafka engine) on a Tansu broker, sends pre-encoded pipelined RPUSHX
 (1000 commands per pipeline, then DUMP) and prints, per round, the records/s and the
-CPU microseconds per record of: the gateway's event-loop thread, its other Python
-threads (the thread serving librdkafka's delivery callbacks), librdkafka's threads, and
+CPU microseconds per record of: the gateway's event-loop thread (which also serves
+librdkafka's delivery callbacks), its other Python threads, librdkafka's threads, and
 the broker. `--values N` sends N values per RPUSHX instead; `--linger-ms` sets the
 producer's `queue.buffering.max.ms` (the tests' configuration has 0).
 

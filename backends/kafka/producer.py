@@ -4,9 +4,10 @@ Rafka made one producer per connection; a single shared producer batches better 
 costs one set of broker connections. Each session gets a `ProducerHandle` that counts
 its own records through per-message delivery callbacks, so DUMP waits only for them.
 
-The callbacks are served on the event loop's thread (`SharedProducer.serve`): right
-after each loop pass that handed records to librdkafka, and by a timer, every
-POLL_BUSY while librdkafka holds records and every POLL_IDLE otherwise (client events).
+The callbacks are served on the event loop's thread (`SharedProducer.serve`): at the
+end of each loop pass that handed records to librdkafka in a batch, and by a timer,
+every POLL_BUSY while librdkafka holds records and every POLL_IDLE otherwise (client
+events).
 They only tally per handle; after each poll the batch is applied at once: each handle's
 outstanding count and the Stats are updated once, and a handle's flush is woken when its
 count reaches 0. A thread of our own that polled (as before) took the GIL for every few
@@ -43,7 +44,11 @@ QUEUE_FULL = str(KafkaError(KafkaError._QUEUE_FULL).str())  # "Local: Queue full
 # none (only client-level events can come).
 POLL_BUSY = 0.001
 POLL_IDLE = 0.1
+# Failed deliveries logged one by one per poll; the rest of a burst (a broker down while
+# records expire together) in one line: each line costs the event loop tens of us.
+LOGGED_FAILURES = 10
 CLOSED = "Producer closed"
+NO_LOOP = "The producer must be created on a running event loop"
 # Client-level events that are noise rather than trouble (Rafka 0.6.2, PR #90).
 _IGNORED_EVENT = "Connection reset by peer"
 _VALUE_PREVIEW = 64  # bytes of a failed record's value shown in the log
@@ -60,7 +65,11 @@ class SharedProducer:
 
     def __init__(self, config: Mapping[str, str], stats: Stats) -> None:
         self._stats = stats
-        self._loop = asyncio.get_running_loop()
+        try:
+            self._loop = asyncio.get_running_loop()
+        except RuntimeError:
+            raise ProducerCreationError(NO_LOOP) from None
+        self._loop_thread = threading.get_ident()
         conf: dict[str, Any] = {**config, "error_cb": self._on_error}
         try:
             self.rd = RdProducer(conf)
@@ -100,13 +109,20 @@ class SharedProducer:
         librdkafka holds no more."""
         if self._closing:
             return
+        if threading.get_ident() != self._loop_thread:  # polled on the loop's thread only
+            self._loop.call_soon_threadsafe(self.handed_over)
+            return
         self.serve()
         self.poll_soon()
 
     def poll_soon(self) -> None:
         """librdkafka holds records: poll every POLL_BUSY from now on."""
-        if not self._timer_busy and not self._closing:
-            self._arm(POLL_BUSY)
+        if self._timer_busy or self._closing:
+            return
+        if threading.get_ident() != self._loop_thread:
+            self._loop.call_soon_threadsafe(self.poll_soon)
+            return
+        self._arm(POLL_BUSY)
 
     def _arm(self, interval: float) -> None:
         if self._timer is not None:
@@ -116,14 +132,20 @@ class SharedProducer:
 
     def _tick(self) -> None:
         self._timer = None
+        self._timer_busy = False
         if self._closing:
             return
-        self.serve()
-        self._arm(POLL_BUSY if len(self.rd) else POLL_IDLE)
+        try:
+            self.serve()
+        finally:  # whatever a callback did, the next poll comes
+            self._arm(POLL_BUSY if len(self.rd) else POLL_IDLE)
 
     def note_failure(self, session_id: str, error: KafkaError, message: Message) -> None:
-        """Count and log one failed delivery (on the thread serving callbacks)."""
+        """Count and log one failed delivery (on the thread serving callbacks); past
+        LOGGED_FAILURES in one poll, only counted (_apply_settled logs how many)."""
         self._failed += 1
+        if self._failed > LOGGED_FAILURES:
+            return
         value = message.value() or b""
         log.warning(
             "Error delivering record",
@@ -141,6 +163,8 @@ class SharedProducer:
         batch = list(self.settled.items())
         self.settled.clear()
         failed, self._failed = self._failed, 0
+        if failed > LOGGED_FAILURES:
+            log.warning("Error delivering records", more=failed - LOGGED_FAILURES)
         total = sum(count for _, count in batch)
         if total > failed:
             self._stats.incr(Stats.DELIVERED, total - failed)

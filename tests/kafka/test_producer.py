@@ -83,6 +83,27 @@ async def test_unknown_topic_first_produce_is_a_delivery_error(tansu: TansuBroke
 
 
 @asyncio_test
+async def test_a_burst_of_failed_deliveries_is_counted_whole_and_logged_in_short(
+    tansu: TansuBroker,
+) -> None:
+    """Delivery reports are served on the event loop: a burst of failures (records that
+    expire together) logs ten of them and the count of the rest, not one line each."""
+    missing = f"r-missing-{uuid.uuid4().hex[:6]}"
+    async with running_engine(tansu.bootstrap) as engine:
+        handle = engine.producer("s")
+        with structlog.testing.capture_logs() as logs:
+            # Not known yet, so accepted; all fail once librdkafka learns it is missing.
+            handle.produce_many(missing, None, [b"v%d" % i for i in range(25)])
+            assert await handle.flush(WAIT) == 0
+        assert engine.stats.get(Stats.DELIVERY_ERRORS) == 25
+        one_by_one = [e for e in logs if e["event"] == "Error delivering record"]
+        summaries = [e for e in logs if e["event"] == "Error delivering records"]
+        assert 0 < len(one_by_one) <= 10 * len(summaries or [None]), logs
+        assert len(one_by_one) + sum(e["more"] for e in summaries) == 25, logs
+        assert all("Unknown topic" in e["error"] for e in one_by_one), one_by_one
+
+
+@asyncio_test
 async def test_produce_is_refused_at_once_with_librdkafkas_text(tansu: TansuBroker) -> None:
     topic = tansu.create_topic()
     async with running_engine(tansu.bootstrap) as engine:
