@@ -56,6 +56,7 @@ class HiredisFastPath(FastPath):
         self._limits = limits
         # A count above max_arguments has at least this many digits.
         self._long_run = b"0" * len(str(limits.max_arguments))
+        self._repeat: _Repeat | None = None  # of the last 3-argument command taken
 
     def take(self, buf: bytes, pos: int, end: int, ready: deque[list[bytes]]) -> int:
         """Take complete multibulk commands from buf[pos:end] with hiredis.
@@ -66,15 +67,31 @@ class HiredisFastPath(FastPath):
         unfinished, is left to the Python state machine, which then decides exactly as
         PythonRequestParser would. The reader is dropped afterwards, and it only ever
         holds bytes we already hold.
+
+        Commands that repeat the first two arguments of the last 3-argument command taken
+        (in this read or an earlier one) are taken by `_Repeat` without hiredis.
         """
-        reader = hiredis.Reader()
-        fed = self._safe_end(buf, pos, pos, min(end, pos + _HIREDIS_STEP))
-        reader.feed(buf, pos, fed - pos)
-        gets = reader.gets
-        max_args = self._limits.max_arguments
-        max_bulk = self._limits.max_bulk_length
-        max_query = self._limits.max_query_buffer
+        repeat = self._repeat
+        if repeat is not None and buf.startswith(repeat.head, pos):
+            pos = repeat.take(buf, pos, end, ready)
+        limits = self._limits
+        max_args, max_bulk, max_query = (
+            limits.max_arguments, limits.max_bulk_length, limits.max_query_buffer,
+        )  # fmt: skip
+        fed = pos  # what the reader holds ends here (none yet)
+        gets = None
         while pos < end and buf[pos] == _STAR:
+            if gets is None:
+                repeat = self._repeat
+                if repeat is not None and buf.startswith(repeat.head, pos):
+                    after = repeat.take(buf, pos, end, ready)
+                    if after != pos:
+                        pos = after
+                        continue
+                reader = hiredis.Reader()
+                fed = self._safe_end(buf, pos, pos, min(end, pos + _HIREDIS_STEP))
+                reader.feed(buf, pos, fed - pos)
+                gets = reader.gets
             try:
                 command = gets()
             except hiredis.ProtocolError:
@@ -106,6 +123,14 @@ class HiredisFastPath(FastPath):
                 break
             ready.append(command)
             pos += size
+            if len(command) == 3 and size <= _REMEMBERED:
+                repeat = self._repeat
+                if repeat is None or repeat.second != command[1] or repeat.first != command[0]:
+                    self._repeat = repeat = _Repeat(command, encoded, self._limits)
+                after = repeat.take(buf, pos, end, ready)
+                if after != pos:
+                    pos = after
+                    gets = None  # the reader holds bytes taken since: a new one from here
         return pos
 
     def _safe_end(self, buf: bytes, pos: int, start: int, stop: int) -> int:
@@ -170,6 +195,68 @@ class HiredisFastPath(FastPath):
                 return max(start, base + head)
             found = marks.find(long_run, last)
         return stop
+
+
+# A 3-argument command at most this long is remembered for _Repeat (which keeps only
+# its first two arguments and headers).
+_REMEMBERED: Final = 64 * 1024
+
+
+class _Repeat:
+    """Takes commands that repeat the first two arguments of one 3-argument command (a
+    run of RPUSHX to one key, of RPUSH acks, of BLPOP on one key) without hiredis: each
+    must be canonical (its encoding is exactly its bytes) and within the limits, else it
+    and all after it are left to hiredis and the state machine. A command whose last
+    argument has the length of the one before is told by one comparison of its whole
+    header. One RPUSHX per read cost ~3.2 us through hiredis (a reader, the scan for huge
+    headers, the canonical check), ~0.4 us here; in a pipeline ~0.84 against ~0.35 us."""
+
+    __slots__ = ("first", "head", "length", "max_bulk", "max_query", "second", "sized")
+
+    def __init__(self, command: list[bytes], encoded: bytes, limits: ParserLimits) -> None:
+        self.first, self.second, last = command
+        value_at = len(encoded) - len(last) - 2
+        # Up to the last argument's `$`, and with its length: the header of a last
+        # argument of that length.
+        self.head = encoded[: value_at - len(b"%d" % len(last)) - 2]
+        self.sized = encoded[:value_at]
+        self.length = len(last)
+        self.max_bulk = limits.max_bulk_length
+        self.max_query = limits.max_query_buffer
+
+    def take(self, buf: bytes, pos: int, end: int, ready: deque[list[bytes]]) -> int:
+        """Append the repeats starting at buf[pos:end] to `ready`; return the index after
+        the last one taken (`pos` when none)."""
+        first, second, head, sized, length = (
+            self.first, self.second, self.head, self.sized, self.length,
+        )  # fmt: skip
+        append = ready.append
+        while True:
+            if buf.startswith(sized, pos):
+                start = pos + len(sized)
+            elif buf.startswith(head, pos):
+                digits_at = pos + len(head)
+                newline = buf.find(b"\r\n", digits_at, digits_at + MAX_DIGITS + 1)
+                if newline < 0:
+                    break
+                digits = buf[digits_at:newline]
+                # Canonical: plain digits, no sign, no leading zero (the encoder's "%d").
+                if not digits.isdigit() or (digits[0] == 48 and len(digits) > 1):
+                    break
+                start = newline + 2
+                if int(digits) > self.max_bulk or start + int(digits) + 2 - pos > self.max_query:
+                    break
+                length = int(digits)
+                sized = self.sized = buf[pos:start]
+                self.length = length
+            else:
+                break
+            stop = start + length
+            if stop + 2 > end or buf[stop] != 13 or buf[stop + 1] != 10:
+                break
+            append([first, second, buf[start:stop]])
+            pos = stop + 2
+        return pos
 
 
 class HiredisRequestParser(PythonRequestParser):

@@ -297,6 +297,78 @@ def test_encoded_commands_parse_back(make: MakeParser) -> None:
     assert commands_of(make, data) == commands
 
 
+# ------------------------------------------------------- runs repeating one header
+# The hiredis parser takes commands that repeat the first two arguments of the last
+# 3-argument command (a pipeline of RPUSHX to one key) without hiredis, remembering that
+# header from one read to the next; everything else must still come out as the state
+# machine gives it.
+
+
+def test_a_run_of_rpushx_to_one_key_with_values_of_any_length(make: MakeParser) -> None:
+    values = [b"", b"a", b"bb", b"x" * 100, b"\r\n", b"y" * 100, b"z" * 10_000, b"q"]
+    commands = [[b"RPUSHX", b"topics:t", v] for v in values] + [[b"PING"]]
+    commands += [[b"RPUSHX", b"topics:u", b"v"], [b"RPUSHX", b"topics:t", b"w"]]
+    assert commands_of(make, b"".join(multibulk(*c) for c in commands)) == commands
+
+
+def test_a_remembered_header_does_not_take_what_is_not_canonical(make: MakeParser) -> None:
+    # Each read has one command: the second and later are compared with the header the
+    # first left; a leading zero, a sign or a missing CRLF must reach the state machine.
+    head = b"*3\r\n$6\r\nRPUSHX\r\n$8\r\ntopics:t\r\n$"
+    reads = [
+        head + b"1\r\na\r\n",
+        head + b"01\r\nb\r\n",
+        head + b"+1\r\nc\r\n",
+        head + b"1\r\nd\r\n",
+    ]
+    parser = make()
+    got, error = feed_pieces(parser, reads)
+    assert error is None
+    assert [c[2] for c in got] == [b"a", b"b", b"c", b"d"]
+    assert error_of(make, head + b"1\r\na\r\n" + head + b"1\r\nbXY") == "Expect Newline"
+
+
+def test_a_repeat_over_the_limits_is_refused_as_by_the_state_machine(make: MakeParser) -> None:
+    small = ParserLimits(max_arguments=4, max_bulk_length=30, max_query_buffer=60)
+    first = multibulk(b"RPUSHX", b"topics:t", b"v")
+    over_bulk = multibulk(b"RPUSHX", b"topics:t", b"x" * 31)
+    over_query = multibulk(b"RPUSHX", b"topics:t", b"x" * 30)
+    commands, error = parse(make, first + over_bulk, small)
+    assert (commands, error) == ([[b"RPUSHX", b"topics:t", b"v"]], "Invalid bulk size")
+    commands, error = parse(make, first + over_query, small)
+    assert (commands, error) == ([[b"RPUSHX", b"topics:t", b"v"]], "Invalid bulk size")
+
+
+REPEAT_HEAD = b"*3\r\n$6\r\nRPUSHX\r\n$3\r\nt:k\r\n$"
+REPEATS = st.lists(
+    st.tuples(
+        st.booleans(),  # a command encoded canonically, else a header with the fields below
+        st.binary(max_size=35),
+        st.sampled_from([b"0", b"1", b"3", b"03", b"+3", b"-1", b"31", b"3x", b"9" * 21]),
+        st.sampled_from([b"\r\n", b"\n", b"xx", b""]),
+    ),
+    max_size=8,
+).map(
+    lambda parts: b"".join(
+        multibulk(b"RPUSHX", b"t:k", value)
+        if canonical
+        else REPEAT_HEAD + size + b"\r\n" + value + tail
+        for canonical, value, size, tail in parts
+    )
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=REPEATS, cuts=st.lists(st.integers(min_value=0), max_size=10), small=st.booleans())
+def test_property_runs_of_one_header_parse_as_the_state_machine_does(
+    data: bytes, cuts: list[int], small: bool
+) -> None:
+    limits = SMALL_LIMITS if small else ParserLimits()
+    reference = feed_pieces(PythonRequestParser(limits), [data])
+    for pieces in ([data], split_at(data, cuts), [data[i : i + 1] for i in range(len(data))]):
+        assert feed_pieces(HiredisRequestParser(limits), pieces) == reference
+
+
 # --------------------------------------------------------------------------- properties
 
 COMMANDS = st.lists(st.lists(st.binary(max_size=40), min_size=1, max_size=6), max_size=8)
