@@ -142,8 +142,11 @@ class HiredisFastPath(FastPath):
         Where aggregate chars are sparse (a BLPOP naming 1,000 topics is 12 KB of names
         and digits with one `*`), each is judged where bytes.find (memchr) puts it: the
         digit-run scan cost ~21 us per such BLPOP, 85% of its parse. Where they are
-        dense (pipelined small commands, one `*` each), the digit-run scan is faster."""
+        dense (pipelined small commands, one `*` each), or the window is short (one small
+        command per read), the digit-run scan is faster."""
         base = max(pos, start - _LOOKBACK)
+        if stop - base <= _SPARSE_GAP:  # a short window: one scan (~0.3 us, 1.3 us the other)
+            return self._digit_runs(buf, base, start, stop)
         first = buf.find(b"*", base, stop)
         if first >= 0 and 0 <= buf.find(b"*", first + 1, stop) < first + _SPARSE_GAP:
             return self._digit_runs(buf, base, start, stop)
