@@ -126,6 +126,18 @@ class HiredisFastPath(FastPath):
             if len(command) == 3 and size <= _REMEMBERED:
                 repeat = self._repeat
                 if repeat is None or repeat.second != command[1] or repeat.first != command[0]:
+                    # A new header: remembered when the next command repeats it, or for
+                    # the next read when this one ends here; a pipeline that changes key
+                    # at every command (round-robin over topics) pays one comparison.
+                    if pos < end:
+                        first, second = command[0], command[1]
+                        # Where the second argument stands: only a guess at a repeat (the
+                        # repeat's take() checks the whole header); see _canonical.
+                        if len(first) > 9 or len(second) >= _TABLED:
+                            continue
+                        at = pos + 8 + len(first) + len(_NEXT[len(second)])
+                        if not buf.startswith(second, at):
+                            continue
                     self._repeat = repeat = _Repeat(command, encoded, self._limits)
                 after = repeat.take(buf, pos, end, ready)
                 if after != pos:
