@@ -116,8 +116,13 @@ class Handover:
     loop's (`Stats.count_in`), not with the lock of `Stats.incr()` per RPUSHX and ACK.
     """
 
-    def __init__(self, progress: Callable[[], None], stats: Stats) -> None:
+    def __init__(
+        self, progress: Callable[[], None], stats: Stats, handed: Callable[[], None]
+    ) -> None:
+        """`handed()`: runs after each hand-over (the engine tells its reader what its
+        groups took in process meanwhile: `DafkaEngine.send_took`)."""
         self._progress = progress
+        self._handed = handed
         self.produced = 0  # Stats.PRODUCED
         self.delivered = 0  # Stats.DELIVERED
         stats.count_in(Stats.PRODUCED, lambda: self.produced)
@@ -155,6 +160,7 @@ class Handover:
             handed = zip(writers_of[publisher], firsts, batch, strict=True)
             for writer, first, (_, records) in handed:
                 writer.handed_over(first, records)
+        self._handed()
 
     def ack_thread(self, writer: PartitionWriter, last_acked: int) -> None:
         """The actor's thread: a store acknowledged `writer`'s records up to
