@@ -197,7 +197,7 @@ class DafkaEngine(Engine):
         self._observer: Observer | None = None
         self._writers: dict[tuple[str, int], PartitionWriter] = {}
         self._writer_node = WriterNode(lambda: self.dafka_config, self._not_a_writer_peer)
-        self.handover = Handover(self.progress, stats, self.send_took)
+        self.handover = Handover(self.progress, stats, self.send_took, self._note_stored)
         self._by_address: dict[tuple[str, str], PartitionWriter] = {}
         self._writable: set[str] = set()  # topics checked for produce
         self._groups: dict[str, Group] = {}
@@ -384,6 +384,9 @@ class DafkaEngine(Engine):
             writer = self._writers[(topic, number)] = PartitionWriter(self, topic, number)
             self._by_address[(topic, writer.address)] = writer
         return writer
+
+    def _note_stored(self, heads: list[tuple[str, str, int]]) -> None:
+        self.observer.note_stored_many(heads)
 
     def _head_thread(self, topic: str, address: str, head: int) -> None:
         if self.settings.acks == "all" and (topic, address) in self._by_address:
