@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import itertools
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
 import structlog
@@ -197,13 +197,14 @@ class DafkaEngine(Engine):
         self._observer: Observer | None = None
         self._writers: dict[tuple[str, int], PartitionWriter] = {}
         self._writer_node = WriterNode(lambda: self.dafka_config, self._not_a_writer_peer)
-        self.handover = Handover(self.progress, stats)
+        self.handover = Handover(self.progress, stats, self.send_took, self._note_stored)
         self._by_address: dict[tuple[str, str], PartitionWriter] = {}
         self._writable: set[str] = set()  # topics checked for produce
         self._groups: dict[str, Group] = {}
         self._reader: Reader | None = None
         self._readers_of: dict[str, set[Group]] = {}  # topic -> groups reading it
         self._inbox: list[Event] = []
+        self._took: list[tuple[Hashable, int, int, int]] = []  # for the reader, once a pass
         self._inbox_lock = threading.Lock()
         self._reads: dict[ReadKey, list[tuple[int, bytes]]] = {}
         self._read_numbers = itertools.count()
@@ -384,6 +385,9 @@ class DafkaEngine(Engine):
             self._by_address[(topic, writer.address)] = writer
         return writer
 
+    def _note_stored(self, heads: list[tuple[str, str, int]]) -> None:
+        self.observer.note_stored_many(heads)
+
     def _head_thread(self, topic: str, address: str, head: int) -> None:
         if self.settings.acks == "all" and (topic, address) in self._by_address:
             self._loop.call_soon_threadsafe(self.progress)
@@ -479,6 +483,25 @@ class DafkaEngine(Engine):
         if groups:
             for group in groups:
                 group.on_published(topic, address, first, contents)
+
+    def took(self, cursor: Hashable, end: int, count: int, generation: int) -> None:
+        """A group took `count` records up to `end` (exclusive) of `cursor`'s partition
+        in process: the reader hears of all the takes of a hand-over at once, at its end
+        (`Reader.took`; `send_took`), one command instead of one per partition (1,000
+        topics: one per record). A writer handing its records over alone (at its start,
+        at stop) has them sent at the next loop pass."""
+        if not self._took:
+            self._loop.call_soon(self.send_took)
+        self._took.append((cursor, end, count, generation))
+
+    def send_took(self) -> None:
+        """The takes noted since the last call, to the reader. Right after the records
+        were handed to the writers' actor, so that the reader hears of them before their
+        copies reach it (it reads its commands first): copies that come first are
+        delivered, and dropped here, as before."""
+        took, self._took = self._took, []
+        if took and self._reader is not None:
+            self._reader.took(took)
 
     def committable(self, topic: str, address: str, offset: int) -> int:
         """`offset` as a group may commit it: for a partition this gateway writes, not

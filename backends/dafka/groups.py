@@ -45,7 +45,6 @@ class _Partition:
     __slots__ = (
         "acked",
         "address",
-        "ahead",
         "buffer",
         "committed",
         "credit",
@@ -68,12 +67,13 @@ class _Partition:
         self.started = False  # positioned (a commit, a reset, or a rewind)
         self.position = 0  # next offset to hand out
         self.acked = 0  # next offset after the last ack (what a new owner starts from)
-        self.expected = 0  # next offset the reader delivers
-        # Of the records before `expected`, how many came in process (`on_published`)
-        # and not yet from the reader too: the reader's copies are dropped, each one
-        # spending the credit it was delivered with.
-        self.ahead = 0
-        self.buffer: collections.deque[Record] = collections.deque()
+        self.expected = 0  # next offset to buffer (from the reader or in process)
+        # The contents (as on the wire: `envelope.unwrap` gives key and value) of the
+        # records at offsets `position`, `position + 1`, ...: the Record is built when a
+        # member takes one. Built as they came, in process, one per group, they were a
+        # third of what 1,000 topics added per record produced; records a restart drops
+        # (rebalance, rewind) are then never built at all.
+        self.buffer: collections.deque[bytes] = collections.deque()
         self.credit = 0  # records the reader may still deliver without a new grant
         self.generation = 0  # bumped by every (re)start: older records are stale
         self.dirty = False  # acked moved since the last commit
@@ -142,7 +142,6 @@ class Group:
         part.buffer.clear()
         part.generation += 1
         part.credit = self._buffer
-        part.ahead = 0
         self._reader.start(
             (self.name, part.topic, part.address),
             part.topic,
@@ -263,18 +262,20 @@ class Group:
         part = self.parts.get((topic, address))
         if part is None or gen != part.generation:
             return  # delivered before a rewind
-        part.credit -= 1
         if seq != part.expected:
             if seq < part.expected:
-                if seq >= part.expected - part.ahead:
-                    part.ahead -= 1  # the reader's copy of a record taken in process
+                # The reader's copy of a record taken in process, delivered before the
+                # reader heard of that (`Reader.took`): the credit both spent once, at
+                # the take here and for this copy there.
                 return
+            part.credit -= 1
             if not (part.expected == part.position == part.acked and seq > part.expected):
                 return
             # The stores' oldest record: retention took the ones before.
             part.position = part.acked = seq
-        key, value = unwrap(content)
-        part.buffer.append(Record(topic, part.number, seq, key, value, None))
+        else:
+            part.credit -= 1
+        part.buffer.append(content)
         part.expected = seq + 1
         self._notify(part)
 
@@ -282,24 +283,27 @@ class Group:
         """This gateway's writer of `address` handed records `first`, `first + 1`, ... to
         its publisher: the ones that are the partition's next, within the credit the
         reader has not spent yet, are buffered now, with no thread or network hop (see
-        docs/dafka-engine.md, "Latency"). The reader still delivers them: its copies
-        are dropped by offset (`ahead`), so order and credit stay the reader's."""
+        docs/dafka-engine.md, "Latency"). They spend the credit here, and the reader is
+        told (`Reader.took`, once per loop pass for every partition: `engine.took`), so
+        that it moves the partition's position past them and drops its copies as it
+        drops a second answer, instead of handing every one back to this loop."""
         part = self.parts.get((topic, address))
         if part is None or not part.started:
             return  # the reader finds the partition and starts it
         skip = part.expected - first
-        room = part.credit - part.ahead
+        room = part.credit
         if skip < 0 or skip >= len(contents) or room <= 0:
             return  # a gap first (the reader fills it), here already, or no room
-        number = part.number
-        append = part.buffer.append
-        seq = part.expected
-        for content in contents[skip : skip + room]:
-            key, value = unwrap(content)
-            append(Record(topic, number, seq, key, value, None))
-            seq += 1
-        part.ahead += seq - part.expected
-        part.expected = seq
+        if skip == 0 and room >= len(contents):
+            taken = len(contents)
+            part.buffer.extend(contents)
+        else:
+            taken_contents = contents[skip : skip + room]
+            taken = len(taken_contents)
+            part.buffer.extend(taken_contents)
+        part.credit -= taken
+        part.expected += taken
+        self.engine.took((self.name, topic, address), part.expected, taken, part.generation)
         self._notify(part)
 
     def _notify(self, part: _Partition) -> None:
@@ -318,10 +322,11 @@ class Group:
         part = member.next_ready_partition()
         if part is None:
             return None
-        record = part.buffer.popleft()
-        part.position = record.offset + 1
+        offset = part.position
+        key, value = unwrap(part.buffer.popleft())
+        part.position = offset + 1
         self._after_take(member, part)
-        return record
+        return Record(part.topic, part.number, offset, key, value, None)
 
     def take_many(self, member: Member, limit: int, records: list[Record]) -> list[Record]:
         """Up to `limit` records after `records`: the ready partitions in turn, each
@@ -332,9 +337,12 @@ class Group:
             if part is None:
                 break
             buffer = part.buffer
-            while buffer and len(records) < wanted:
-                records.append(buffer.popleft())
-            part.position = records[-1].offset + 1
+            topic, number, offset = part.topic, part.number, part.position
+            for _ in range(min(len(buffer), wanted - len(records))):
+                key, value = unwrap(buffer.popleft())
+                records.append(Record(topic, number, offset, key, value, None))
+                offset += 1
+            part.position = offset
             self._after_take(member, part)
         return records
 
@@ -343,9 +351,8 @@ class Group:
             member.requeue(part)
         else:
             part.ready = 0
-        # What the reader may still bring: its credit, less the records taken in process
-        # that it has yet to deliver (and that spend that credit).
-        room = self._buffer - len(part.buffer) - (part.credit - part.ahead)
+        # What the reader may still bring: its credit (less what was taken in process).
+        room = self._buffer - len(part.buffer) - part.credit
         if room >= self._buffer // 2:
             part.credit += room
             self._reader.grant((self.name, part.topic, part.address), room)

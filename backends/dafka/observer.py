@@ -144,6 +144,20 @@ class Observer(Node):
                 self._stored[(topic, address)] = head
                 self._addresses.setdefault(topic, set()).add(address)
 
+    def note_stored_many(self, heads: list[tuple[str, str, int]]) -> None:
+        """`note_stored` for many (topic, address, head) under one lock: the ACKs the
+        gateway's writers got in one delivery to its loop. With records spread over
+        1,000 topics a store ACKs about every record on its own, and taking this
+        Condition per ACK was 8% of the loop's time."""
+        stored = self._stored
+        addresses = self._addresses
+        with self._cond:
+            for topic, address, head in heads:
+                key = (topic, address)
+                if head > stored.get(key, -1):
+                    stored[key] = head
+                    addresses.setdefault(topic, set()).add(address)
+
     def ask(self, topics: set[str]) -> None:
         """Ask every store again for the heads of `topics` (answers update the tables)."""
         with self._cond:

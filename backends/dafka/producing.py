@@ -110,14 +110,28 @@ class Handover:
     ACKs: the actor reports each partition whose ACKs released records, once per pass of
     its own; the reports wait here, and one `call_soon_threadsafe` (a write to the loop's
     self-pipe) delivers all that came until the loop runs it, instead of one per
-    partition, and `progress` (wake the DUMPs waiting) runs once for all of them.
+    partition, and the observer's note of what the stores hold (one lock) and `progress`
+    (wake the DUMPs waiting) run once for all of them.
 
     Counts: the records clients produced and those acknowledged, in plain ints of the
     loop's (`Stats.count_in`), not with the lock of `Stats.incr()` per RPUSHX and ACK.
     """
 
-    def __init__(self, progress: Callable[[], None], stats: Stats) -> None:
+    def __init__(
+        self,
+        progress: Callable[[], None],
+        stats: Stats,
+        handed: Callable[[], None],
+        note_stored: Callable[[list[tuple[str, str, int]]], None],
+    ) -> None:
+        """`handed()`: runs after each hand-over (the engine tells its reader what its
+        groups took in process meanwhile: `DafkaEngine.send_took`).
+        `note_stored([(topic, address, head), ...])`: the stores hold these partitions
+        up to `head` (the observer's `note_stored_many`: one lock for all the writers
+        one delivery of ACKs moved)."""
         self._progress = progress
+        self._handed = handed
+        self._note_stored = note_stored
         self.produced = 0  # Stats.PRODUCED
         self.delivered = 0  # Stats.DELIVERED
         stats.count_in(Stats.PRODUCED, lambda: self.produced)
@@ -155,6 +169,7 @@ class Handover:
             handed = zip(writers_of[publisher], firsts, batch, strict=True)
             for writer, first, (_, records) in handed:
                 writer.handed_over(first, records)
+        self._handed()
 
     def ack_thread(self, writer: PartitionWriter, last_acked: int) -> None:
         """The actor's thread: a store acknowledged `writer`'s records up to
@@ -169,10 +184,13 @@ class Handover:
         """Loop thread: the ACKs reported since the last call, in the order they came."""
         with self._acks_lock:
             acks, self._acks = self._acks, []
-        moved = False
+        stored: list[tuple[str, str, int]] = []
         for writer, last_acked in acks:
-            moved = writer.on_ack(last_acked) or moved
-        if moved:
+            if writer.on_ack(last_acked):
+                stored.append((writer.topic, writer.address, last_acked))
+        if stored:
+            # Known as stored (`committable`, commits) before the DUMPs are woken.
+            self._note_stored(stored)
             self._progress()
 
 
@@ -349,11 +367,10 @@ class PartitionWriter:
     def on_ack(self, last_acked: int) -> bool:
         """Loop thread: a store holds this writer's records up to sequence `last_acked`;
         whether that acknowledged any record not acknowledged before (the caller then
-        wakes the DUMPs waiting: `engine.progress()`)."""
+        tells the observer, and wakes the DUMPs waiting: `Handover._deliver_acks`)."""
         acked = last_acked - self._first_sequence + 1
         if acked <= self.acked or not self.replaceable:
             return False
-        self._engine.observer.note_stored(self.topic, self.address, last_acked)
         if not self.internal:
             self._handover.delivered += acked - self.acked
         self.acked = acked

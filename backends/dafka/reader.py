@@ -146,6 +146,16 @@ class Reader(Node):
     def grant(self, cursor: Hashable, credit: int) -> None:
         self._command("grant", cursor, credit)
 
+    def took(self, takes: list[tuple[Hashable, int, int, int]]) -> None:
+        """The owner took records of these cursors' partitions elsewhere (a gateway's
+        groups take the records it writes in process): for each `(cursor, end, count,
+        generation)`, the `count` records before `end`, spending their credit. The
+        cursor moves past them (if `generation` is still its own), so that the copies
+        that reach the reader are dropped as a second answer is, not delivered to the
+        owner; those that reached it before this command were delivered, and are not
+        spent twice."""
+        self._command("took", takes)
+
     def drop(self, cursor: Hashable) -> None:
         self._command("drop", cursor)
 
@@ -297,6 +307,30 @@ class _Actor:
         if cursor.fetch_end > cursor.next and cursor.fetch_until > now and cursor.credit > 0:
             self._extend(cursor, now)
         else:
+            self._pump(cursor, now)
+
+    def _cmd_took(self, takes: list[tuple[Hashable, int, int, int]]) -> None:
+        now = -1
+        cursors = self.cursors
+        for key, end, count, generation in takes:
+            cursor = cursors.get(key)
+            if cursor is None or cursor.generation != generation or cursor.next >= end:
+                continue  # dropped, restarted since, or its copies came first
+            # The owner took `count` records before `end`, all it had not got from here
+            # (its next record was ours): anything below `end - count` it had from us.
+            cursor.credit -= end - max(cursor.next, end - count)
+            cursor.next = end
+            cursor.fresh = False
+            cursor.candidate = -1
+            if cursor.held:
+                for seq in [seq for seq in cursor.held if seq < end]:
+                    del cursor.held[seq]
+                if end in cursor.held and cursor.credit > 0:
+                    self._deliver(cursor, end, cursor.held.pop(end))
+            if cursor.next < cursor.fetch_end and cursor.credit > 0:
+                continue  # the rest of its FETCH is on its way
+            if now < 0:
+                now = now_ms()
             self._pump(cursor, now)
 
     def _cmd_drop(self, key: Hashable) -> None:

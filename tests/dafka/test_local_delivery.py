@@ -157,7 +157,7 @@ def test_a_partition_moved_while_records_came_in_process_redelivers_from_the_ack
         """The reader delivered up to the last record written: the next ones can come in
         process (they are the partition's next)."""
         [part] = engine._groups["g"].parts.values()
-        return part.expected == 7 and part.ahead == 0
+        return part.expected == 7
 
     run(body())
 
