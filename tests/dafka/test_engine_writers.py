@@ -12,7 +12,7 @@ import zmq
 
 from backends.base import ProduceError, Stats
 from backends.dafka.config import Config
-from backends.dafka.partitions import own_address
+from backends.dafka.partitions import make_partitioner, own_address
 from backends.dafka.publisher import Publisher
 from backends.dafka.store import Store
 from tests.dafka.test_engine import WAIT, engine_on, run, take
@@ -239,6 +239,42 @@ def test_a_writer_failing_mid_pass_costs_only_its_own_records(
                 ("mid-new", 2, b"new-2"),
                 ("mid-old", 0, b"kept"),
             ]
+            await member.close()
+
+    run(body())
+
+
+def test_keyless_records_move_on_to_the_next_partition_once_the_sticky_time_is_over(
+    dafka_config: Config, store: Store
+) -> None:
+    """A session looks its writer up once per loop pass for a run to one topic: records
+    of one pass go to one partition (as the sticky partitioner would send them), and once
+    the sticky time is over, the next pass's records go to the next partition."""
+    now = [0.0]
+
+    async def body() -> None:
+        async with engine_on(dafka_config, partitions=4) as engine:
+            engine._partitioner = make_partitioner("consistent_random", clock=lambda: now[0])
+            producer = engine.producer("s1")
+            numbers: list[int] = []
+
+            def produce(value: bytes) -> None:
+                producer.produce("sticky", None, value)
+                numbers.append(producer._last[2].number if producer._last else -1)
+
+            produce(b"a")
+            produce(b"b")
+            now[0] += 1.0  # past the sticky time, within the same pass
+            produce(b"c")
+            assert await producer.flush(WAIT) == 0  # the pass ends: its records handed over
+            produce(b"d")
+            assert numbers[:3] == [numbers[0]] * 3, "one pass, one partition"
+            assert numbers[3] == (numbers[0] + 1) % 4, f"still on one partition: {numbers}"
+            assert await producer.flush(WAIT) == 0
+            member = await engine.consumer("g", "c", ["sticky"], {})
+            records = await take(member, 4)
+            assert sorted(r.value or b"" for r in records) == [b"a", b"b", b"c", b"d"]
+            assert {r.partition for r in records} == {numbers[0], numbers[3]}
             await member.close()
 
     run(body())
