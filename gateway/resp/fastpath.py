@@ -71,9 +71,6 @@ class HiredisFastPath(FastPath):
         Commands that repeat the first two arguments of the last 3-argument command taken
         (in this read or an earlier one) are taken by `_Repeat` without hiredis.
         """
-        repeat = self._repeat
-        if repeat is not None and buf.startswith(repeat.head, pos):
-            pos = repeat.take(buf, pos, end, ready)
         limits = self._limits
         max_args, max_bulk, max_query = (
             limits.max_arguments, limits.max_bulk_length, limits.max_query_buffer,
@@ -259,9 +256,10 @@ class _Repeat:
                 if not digits.isdigit() or (digits[0] == 48 and len(digits) > 1):
                     break
                 start = newline + 2
-                if int(digits) > self.max_bulk or start + int(digits) + 2 - pos > self.max_query:
-                    break
                 length = int(digits)
+                if length > self.max_bulk or start + length + 2 - pos > self.max_query:
+                    break
+                # Within the limits: so is every command with this header and length.
                 sized = self.sized = buf[pos:start]
                 self.length = length
             else:
