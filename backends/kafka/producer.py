@@ -7,10 +7,9 @@ its own records through per-message delivery callbacks, so DUMP waits only for t
 The callbacks are served on the event loop's thread (`SharedProducer.serve`): at the
 end of each loop pass that handed records to librdkafka in a batch, and by a timer,
 every POLL_BUSY while librdkafka holds records and every POLL_IDLE otherwise (client
-events).
-They only tally per handle; after each poll the batch is applied at once: each handle's
-outstanding count and the Stats are updated once, and a handle's flush is woken when its
-count reaches 0. A thread of our own that polled (as before) took the GIL for every few
+events). They only tally per handle; after each poll the batch is applied at once: each
+handle's outstanding count and the Stats are updated once, and a handle's flush is woken
+when its count reaches 0. A thread of our own that polled (as before) took the GIL for every few
 reports and made the loop give it up: at 50 clients without pipelining, that thread cost
 2.4-4.4 us per RPUSHX and the loop its thread switches (docs/gateway.md, "Delivery
 reports on the loop").
