@@ -134,9 +134,10 @@ class Handover:
         self._note_stored = note_stored
         self.produced = 0  # Stats.PRODUCED
         self.delivered = 0  # Stats.DELIVERED
-        # Loop passes in which it was asked for (`pass_number`), counted at their end.
+        # Loop passes that produced or looked a writer up (`pass_number`), counted at
+        # their end, where the pass's records are handed over (`_end_of_pass`).
         self._pass = 0
-        self._pass_counted = False
+        self._end_scheduled = False
         stats.count_in(Stats.PRODUCED, lambda: self.produced)
         stats.count_in(Stats.DELIVERED, lambda: self.delivered)
         self._writers: list[PartitionWriter] = []  # loop thread only
@@ -145,20 +146,24 @@ class Handover:
 
     def pass_number(self) -> int:
         """Loop thread: a number that changes once the loop pass under way ends."""
-        if not self._pass_counted:
-            self._pass_counted = True
-            asyncio.get_running_loop().call_soon(self._next_pass)
+        if not self._end_scheduled:
+            self._end_scheduled = True
+            asyncio.get_running_loop().call_soon(self._end_of_pass)
         return self._pass
-
-    def _next_pass(self) -> None:
-        self._pass += 1
-        self._pass_counted = False
 
     def enlist(self, writer: PartitionWriter) -> None:
         """Loop thread: `writer` got the first pending records of this pass."""
-        if not self._writers:
-            writer.loop.call_soon(self.hand_over)
+        if not self._end_scheduled:
+            self._end_scheduled = True
+            writer.loop.call_soon(self._end_of_pass)
         self._writers.append(writer)
+
+    def _end_of_pass(self) -> None:
+        """One callback per pass for both: the pass is counted, its records handed over."""
+        self._end_scheduled = False
+        self._pass += 1
+        if self._writers:
+            self.hand_over()
 
     def hand_over(self) -> None:
         """Loop thread, at the end of a pass: every enlisted writer's pending records to
