@@ -45,6 +45,9 @@ CONFLICT = (
     "Local: Partition conflict: the stores hold offset {held} of {topic} partition {number}, "
     "which this gateway did not write (another gateway with the same dafka.node?)"
 )
+# A session's record of its positions on a writer drops the durable ones every this many
+# ranges it adds (ProducerHandle._note).
+FORGET_EVERY = 64
 ASK_INTERVAL = 0.02  # seconds between two questions to the stores during a DUMP (acks: all)
 
 
@@ -396,6 +399,14 @@ class PartitionWriter:
         return True
 
 
+def _forget_durable(writer: PartitionWriter, ranges: collections.deque[list[int]]) -> int:
+    """Drop the ranges of `writer`'s positions that are all durable; `writer.durable()`."""
+    durable = writer.durable()
+    while ranges and ranges[0][1] <= durable:
+        ranges.popleft()
+    return durable
+
+
 class ProducerHandle(Producer):
     """One session's view: which positions of which writers are its own."""
 
@@ -463,6 +474,11 @@ class ProducerHandle(Producer):
             ranges[-1][1] = end
         else:
             ranges.append([start, end])
+            if len(ranges) % FORGET_EVERY == 0:
+                # Sessions that interleave on a writer add a range per record: forgotten
+                # only at a DUMP, they grew without bound on a connection that never sent
+                # one (a steady RPUSHX producer held ~100 bytes per record it ever sent).
+                _forget_durable(writer, ranges)
         self._engine.handover.produced += end - start
 
     async def wait_for_room(self, timeout: float) -> None:
@@ -473,9 +489,7 @@ class ProducerHandle(Producer):
     def outstanding(self) -> int:
         left = 0
         for writer, ranges in list(self._ranges.items()):
-            acked = writer.durable()
-            while ranges and ranges[0][1] <= acked:
-                ranges.popleft()
+            acked = _forget_durable(writer, ranges)
             if not ranges:
                 del self._ranges[writer]
                 continue
@@ -509,9 +523,7 @@ class ProducerHandle(Producer):
         done: list[PartitionWriter] = []
         try:
             for writer, ranges in self._ranges.items():
-                acked = writer.durable()
-                while ranges and ranges[0][1] <= acked:
-                    ranges.popleft()
+                _forget_durable(writer, ranges)
                 if not ranges:
                     done.append(writer)
                 elif writer.failed is None:

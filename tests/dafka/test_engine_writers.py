@@ -278,3 +278,35 @@ def test_keyless_records_move_on_to_the_next_partition_once_the_sticky_time_is_o
             await member.close()
 
     run(body())
+
+
+def test_a_session_that_never_dumps_keeps_no_account_of_what_is_stored(
+    dafka_config: Config, store: Store
+) -> None:
+    """Two sessions whose records interleave on one partition, as clients producing
+    unpipelined do: each session notes a range of positions per record. A session that
+    never sends DUMP must not keep them once a store holds the records (it kept one per
+    record it ever produced: memory growing with every RPUSHX of a long-lived
+    connection)."""
+
+    async def body() -> None:
+        async with engine_on(dafka_config, partitions=1) as engine:
+            steady, other = engine.producer("steady"), engine.producer("other")
+            for _ in range(20):
+                for n in range(100):
+                    steady.produce("interleaved", None, b"s%d" % n)
+                    other.produce("interleaved", None, b"o%d" % n)
+                # The other session's DUMP: every record so far is stored once it returns.
+                assert await other.flush(WAIT) == 0
+            # Read from the handle: memory is what a user would see, and it is these.
+            kept = sum(len(ranges) for ranges in steady._ranges.values())
+            assert kept <= 200, f"the session keeps {kept} ranges of 2,000 stored records"
+            assert steady.outstanding() == 0
+            member = await engine.consumer("g", "c", ["interleaved"], {})
+            records = await take(member, 4000)
+            assert [r.value for r in records if (r.value or b"").startswith(b"s")] == [
+                b"s%d" % n for _ in range(20) for n in range(100)
+            ]
+            await member.close()
+
+    run(body())
