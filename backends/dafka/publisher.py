@@ -48,6 +48,7 @@ import zmq
 from backends.dafka import proto
 from backends.dafka.beacon import Beacon, apply_events, bind_data_socket, now_ms
 from backends.dafka.config import Config
+from backends.dafka.held_send import Send, held_sender
 from backends.dafka.node import Actor, SocketFactory
 from backends.dafka.unacked import UnackedList
 
@@ -56,6 +57,10 @@ log = structlog.get_logger(__name__)
 # How many records the actor takes from the deques before it looks at its sockets again
 # (C: up to 100,000 commands per wake-up), so ACKs and FETCHes are not starved.
 _BATCH = 100_000
+# A partition's records are sent holding the GIL when this few are queued (`held_send`).
+# Held for any number, redis-benchmark -P 16 cost the gateway 0.3-0.5 µs more CPU per
+# record: pyzmq's call is the cheaper one (0.37 against 0.53 µs a frame).
+_HOLD_GIL_UP_TO = 256
 _PACK_SEQ = struct.Struct(">Q").pack
 # How long the PUB may keep the last HEADs after close: long enough to reach the wire,
 # short enough not to hold up a context termination.
@@ -170,12 +175,14 @@ class Partition:
         encoder = proto.RecordEncoder(routing, self.address, self.topic, msg_id)
         return encoder.frame1(0)[:-8]
 
-    def _send_queued(self, pub: zmq.Socket, budget: int) -> int:
-        """Send up to `budget` queued records as RECORDs; returns how many were sent."""
+    def _send_queued(self, pub: zmq.Socket, held: Send, budget: int) -> int:
+        """Send up to `budget` queued records as RECORDs; returns how many were sent.
+        `held`: `pub.send` without giving up the GIL, for a few records (`held_send`);
+        for many, pyzmq's own send, the cheaper call (0.37 against 0.53 µs a frame)."""
         queue = self._queue
         popleft = queue.popleft
         push = self._unacked.push
-        send = pub.send
+        send = held if len(queue) <= _HOLD_GIL_UP_TO else pub.send
         more = zmq.SNDMORE
         prefix = self._record_prefix
         pack = _PACK_SEQ
@@ -418,6 +425,7 @@ class Publisher(Actor):
         hold_deadline = math.inf  # ms: the earliest hold_until in `held`
         terminating = False
 
+        send_held = held_sender(pub)
         poller = zmq.Poller()
         poller.register(pipe, zmq.POLLIN)
         poller.register(sub, zmq.POLLIN)
@@ -484,7 +492,7 @@ class Publisher(Actor):
                         held[partition] = None
                         hold_deadline = min(hold_deadline, partition._hold_until)
                         continue
-                    sent = partition._send_queued(pub, budget)
+                    sent = partition._send_queued(pub, send_held, budget)
                     if sent and partition not in published:
                         published[partition] = None
                         if next_head == math.inf:
