@@ -166,7 +166,7 @@ class Writer(StoreActor):
             if self.pub in events:
                 self._on_subscriptions()
             if self.direct in events or self.msg in events:
-                self._batch()
+                self._batch(self.direct in events)
             now = now_ms()
             if now >= next_retry:
                 next_retry = now + self.retry_interval
@@ -217,8 +217,9 @@ class Writer(StoreActor):
             self.partitions[(subject, partition)] = part
         return part
 
-    def _batch(self) -> None:
-        """Stage up to BATCH_LIMIT messages, write them at once, then ACK (spec §5.3)."""
+    def _batch(self, direct_ready: bool = True) -> None:
+        """Stage up to BATCH_LIMIT messages, write them at once, then ACK (spec §5.3).
+        `direct_ready`: the poll saw direct answers waiting."""
         if len(self.partitions) >= _PARTITION_CACHE:
             # Forget idle partitions (their heads are in the DB); keep the gapped ones.
             self.partitions = {(p.subject, p.partition): p for p in self.gapped}
@@ -290,13 +291,18 @@ class Writer(StoreActor):
         direct = self.direct
         live = self.msg
         taken = 0
+        look_at_direct = direct_ready
         while taken < BATCH_LIMIT:
-            before = taken
-            # Direct answers (back-fill) first, as in C; then a chunk of live traffic.
-            taken = take(direct, taken, BATCH_LIMIT)
-            taken = take(live, taken, min(BATCH_LIMIT, taken + _MSG_CHUNK))
-            if taken == before:
-                break
+            # Direct answers (back-fill) first, as in C; then a chunk of live traffic. A
+            # socket is read until zmq.Again only when there may be more: each Again is an
+            # exception (3-5 µs), and looking twice at both sockets cost four per batch.
+            if look_at_direct:
+                taken = take(direct, taken, BATCH_LIMIT)
+            chunk_end = min(BATCH_LIMIT, taken + _MSG_CHUNK)
+            taken = take(live, taken, chunk_end)
+            if taken < chunk_end:
+                break  # live traffic drained: the next poll says what came meanwhile
+            look_at_direct = True
         if touched:
             self._commit(batch, touched)
 
