@@ -17,10 +17,13 @@ fresh broker) is started and:
    stores) used, and its own CPU (all its threads) per record produced and per record
    consumed: on a shared machine the rates move with everyone else's load, the CPU a
    record costs much less.
-On Kafka, each shape is then run again by a direct confluent-kafka client configured as
-the gateway's engine (bench/growth_direct.py, a process of its own on a fresh broker), and
-the gateway's figures are printed over the direct client's: a ratio that falls along the
-curve is the gateway's own cost, one that holds is the broker's and librdkafka's.
+Each shape is then run again without the gateway, by a process of its own: on Kafka a
+direct confluent-kafka client configured as the gateway's engine (bench/growth_direct.py,
+on a fresh broker); on Dafka the engine's Python interface driven directly, as the
+gateway calls it (bench/growth_engine.py, on a fresh data directory: its own tower and
+stores). The gateway's figures are printed over the direct ones: a ratio that falls along
+the curve is the gateway's own cost, one that holds is the engine's (on Kafka, the
+broker's and librdkafka's).
 Each figure is printed next to the 1-topic, 1-group figure of the same engine in the same
 run, with the ratio (issue 11's aim: within 20%, i.e. a ratio of 0.8 or more for the
 rates, at most 1.2 for RSS).
@@ -34,7 +37,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -54,6 +56,7 @@ from backends.process import ProcessError
 from tests.support.child_process import run_to_end
 from tests.support.connections import raise_open_files, rss_bytes
 from tests.support.kafka import kafka_document
+from tests.support.processes import children_cpu, process_cpu, threads_and_files
 from tests.support.rafka_process import start_rafka
 from tests.support.resp import command
 from tests.support.tansu import TansuBroker
@@ -118,37 +121,6 @@ class Figures:
     # what the rates cost, which other people's load on a shared machine moves much less.
     produce_cpu: float = 0.0
     consume_cpu: float = 0.0
-
-
-def threads_and_files(pid: int) -> tuple[int, int]:
-    """The process's thread count and open file descriptors."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("Threads:"):
-            return int(line.split()[1]), len(list(Path(f"/proc/{pid}/fd").iterdir()))
-    raise RuntimeError(f"no Threads for process {pid}")
-
-
-def children_cpu(pid: int) -> float:
-    """CPU seconds (user + system) used so far by the live children of `pid`."""
-    ticks = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:  # a thread (librdkafka's come and go) or a child may end while it is read
-            children = (task / "children").read_text().split()
-        except FileNotFoundError:
-            continue
-        for child in children:
-            try:
-                fields = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()
-            except FileNotFoundError:
-                continue
-            ticks += int(fields[11]) + int(fields[12])  # utime, stime
-    return ticks / os.sysconf("SC_CLK_TCK")
-
-
-def process_cpu(pid: int) -> float:
-    """CPU seconds (user + system) `pid` used so far, all its threads."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def topic_names(count: int) -> list[str]:
@@ -253,6 +225,11 @@ def kafka_sections(bootstrap: str, extra: dict[str, dict[str, Any]]) -> dict[str
     return document
 
 
+def dafka_document(args: argparse.Namespace) -> dict[str, Any]:
+    """The gateway's configuration on Dafka (the direct engine's too)."""
+    return {"gateway": {"max_clients": 1000}, "dafka": {"partitions": args.partitions}}
+
+
 @contextmanager
 def gateway(
     engine: str, workdir: Path, topics: int, args: argparse.Namespace
@@ -262,7 +239,7 @@ def gateway(
     document: dict[str, Any] = {"gateway": {"max_clients": 1000}}
     with ExitStack() as stack:
         if engine == "dafka":
-            document["dafka"] = {"partitions": args.partitions}
+            document = dafka_document(args)
         else:
             bootstrap = stack.enter_context(kafka_broker(topics, args.partitions))
             document.update(kafka_sections(bootstrap, args.kafka_document))
@@ -278,27 +255,41 @@ def gateway(
                 print(f"  rafka exited with {code}: {child.stderr_lines[-5:]}", flush=True)
 
 
-def direct(topics: int, groups: int, args: argparse.Namespace) -> Figures:
-    """One run of bench/growth_direct.py (a direct confluent-kafka client, configured as
-    the gateway's engine) in the same shape, on a fresh broker of its own."""
-    with kafka_broker(topics, args.partitions) as bootstrap:
+def direct(engine: str, topics: int, groups: int, args: argparse.Namespace) -> Figures:
+    """One run of the engine's reference in the same shape, a process of its own: on
+    Kafka bench/growth_direct.py (a direct confluent-kafka client configured as the
+    gateway's engine) on a fresh broker; on Dafka bench/growth_engine.py (the engine's
+    interface without the gateway) on a fresh data directory."""
+    shape = [
+        *("--groups", str(groups), "--topics", ",".join(topic_names(topics))),
+        *("--records", str(args.records), "--deliveries", str(args.deliveries)),
+    ]
+    with ExitStack() as stack:
+        if engine == "dafka":
+            name = "growth_engine.py"
+            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="rafka-bench-growth-"))
+            where = ["--data-dir", str(Path(tmp) / "data")]
+            document = dafka_document(args)
+        else:
+            name = "growth_direct.py"
+            where = ["--bootstrap", stack.enter_context(kafka_broker(topics, args.partitions))]
+            document = args.kafka_document
         command = [
             sys.executable,
-            str(Path(__file__).with_name("growth_direct.py")),
-            *("--bootstrap", bootstrap, "--groups", str(groups)),
-            *("--topics", ",".join(topic_names(topics))),
-            *("--records", str(args.records), "--deliveries", str(args.deliveries)),
-            *("--document", json.dumps(args.kafka_document)),
+            str(Path(__file__).with_name(name)),
+            *where,
+            *shape,
+            *("--document", json.dumps(document)),
         ]
         # Through backends.process: it dies with this bench, even a SIGKILLed one.
         try:
-            done = run_to_end(command, args.bound, check=False, name="growth_direct.py")
+            done = run_to_end(command, args.bound, check=False, name=name)
         except ProcessError:
-            raise RuntimeError(f"direct client not done within --bound {args.bound:g} s") from None
+            raise RuntimeError(f"{name} not done within --bound {args.bound:g} s") from None
     if done.returncode != 0:
-        raise RuntimeError(f"direct client failed: {done.stderr_lines[-3:]}")
-    figures = json.loads(done.stdout_lines[-1])
-    return Figures(figures["produce"], figures["consume"], figures["rss"], figures["setup"])
+        raise RuntimeError(f"{name} failed: {done.stderr_lines[-3:]}")
+    # growth_direct.py reports the first four figures; growth_engine.py all of them.
+    return Figures(**json.loads(done.stdout_lines[-1]))
 
 
 def measure(engine: str, topics: int, groups: int, args: argparse.Namespace) -> Figures | None:
@@ -311,12 +302,14 @@ def measure(engine: str, topics: int, groups: int, args: argparse.Namespace) -> 
         return None
 
 
-def measure_direct(topics: int, groups: int, args: argparse.Namespace) -> Figures | None:
-    """As measure(), for the direct confluent-kafka client (bench/growth_direct.py)."""
+def measure_direct(
+    engine: str, topics: int, groups: int, args: argparse.Namespace
+) -> Figures | None:
+    """As measure(), for the engine's reference (see direct())."""
     try:
-        return median([direct(topics, groups, args) for _ in range(args.runs)])
+        return median([direct(engine, topics, groups, args) for _ in range(args.runs)])
     except Exception as error:
-        print(f"  {'direct client':<20} failed: {error!r}", flush=True)
+        print(f"  {DIRECT_LABEL[engine]:<20} failed: {error!r}", flush=True)
         return None
 
 
@@ -353,8 +346,8 @@ def print_row(label: str, figures: Figures, reference: Figures | None) -> None:
     rss = ratio(figures.rss, reference.rss if reference else None)
     ref_produce_cpu = 1 / reference.produce_cpu if reference and reference.produce_cpu else None
     ref_consume_cpu = 1 / reference.consume_cpu if reference and reference.consume_cpu else None
-    # The direct client (bench/growth_direct.py) does not report threads, files, children
-    # nor CPU. The CPU ratios are the reference's CPU per record over this one's: like the
+    # The direct Kafka client (bench/growth_direct.py) does not report threads, files,
+    # children nor CPU. The CPU ratios are the reference's CPU per record over this one's: like the
     # rates' ratios, 0.8 or more is within 20%.
     cpu = (
         f"   {figures.produce_cpu:>7.1f} us {ratio(1 / figures.produce_cpu, ref_produce_cpu)}"
@@ -401,15 +394,31 @@ def shapes_argument(text: str) -> list[tuple[int, int]]:
 
 
 def print_versus(gateway: Figures, reference: Figures) -> None:
-    """The gateway's figures divided by the direct client's in the same shape: a ratio
-    that falls along the curve is the gateway's own cost growing; one that holds means
-    the broker's and librdkafka's."""
+    """The gateway's figures divided by the direct ones in the same shape: a ratio that
+    falls along the curve is the gateway's own cost growing; one that holds means the
+    engine's. CPU per record as the rates' ratios (the direct one over the gateway's:
+    0.8 means the gateway spends a quarter more), when both report it."""
+    cpu = (
+        f"   {'':>8} {'':>8} {'':>8}     "
+        f"{'':>10} {reference.produce_cpu / gateway.produce_cpu:5.2f}  "
+        f"{'':>10} {reference.consume_cpu / gateway.consume_cpu:5.2f}"
+        if reference.produce_cpu and gateway.produce_cpu and gateway.consume_cpu
+        else ""
+    )
     print(
         f"    {'gateway / direct':<18} {'':>11} {gateway.produce / reference.produce:5.2f}   "
         f"{'':>11} {gateway.consume / reference.consume:5.2f}   "
-        f"{'':>11} {gateway.rss / reference.rss:5.2f}",
+        f"{'':>11} {gateway.rss / reference.rss:5.2f}{cpu}",
         flush=True,
     )
+
+
+# How each engine's reference is labelled, and what it is.
+DIRECT_LABEL = {"kafka": "direct client", "dafka": "direct engine"}
+DIRECT_WHAT = {
+    "kafka": "a direct confluent-kafka client (bench/growth_direct.py)",
+    "dafka": "the engine's interface without the gateway (bench/growth_engine.py)",
+}
 
 
 def main() -> int:
@@ -447,7 +456,10 @@ def main() -> int:
         "reference of the ratios)",
     )
     parser.add_argument(
-        "--no-direct", action="store_true", help="Kafka engine: skip the direct client"
+        "--no-direct",
+        action="store_true",
+        help="skip the references without the gateway (a direct Kafka client; the Dafka "
+        "engine driven directly)",
     )
     options = parser.parse_args()
     limit = raise_open_files(OPEN_FILES)
@@ -468,11 +480,10 @@ def main() -> int:
             f"{'children':>10}   {'CPU/produced':>16}  {'CPU/consumed':>16}",
             flush=True,
         )
-        if engine == "kafka" and not args.no_direct:
+        if not args.no_direct:
             print(
-                "  each shape: the gateway, then a direct confluent-kafka client in the same "
-                "shape and run (bench/growth_direct.py), then the gateway's figures over the "
-                "direct client's",
+                f"  each shape: the gateway, then {DIRECT_WHAT[engine]} in the same shape "
+                "and run, then the gateway's figures over the direct ones",
                 flush=True,
             )
         reference: Figures | None = None
@@ -485,14 +496,14 @@ def main() -> int:
                     reference = figures
                 label = f"{topics} topic{'s' * (topics > 1)}, {groups} group{'s' * (groups > 1)}"
                 print_row(label, figures, reference)
-            if engine != "kafka" or args.no_direct:
+            if args.no_direct:
                 continue
-            theirs = measure_direct(topics, groups, args)
+            theirs = measure_direct(engine, topics, groups, args)
             if theirs is None:
                 continue
             if first:
                 direct_reference = theirs
-            print_row("  direct client", theirs, direct_reference)
+            print_row(f"  {DIRECT_LABEL[engine]}", theirs, direct_reference)
             if figures is not None:
                 print_versus(figures, theirs)
     return 0

@@ -86,3 +86,34 @@ def listening_addresses(pid: int) -> set[tuple[str, int]]:
             address = socket.inet_ntop(family, struct.pack(f">{len(words)}I", *words))
             found.add((address, int(hex_port, 16)))
     return found
+
+
+def threads_and_files(pid: int) -> tuple[int, int]:
+    """The process's thread count and open file descriptors."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Threads:"):
+            return int(line.split()[1]), len(list(Path(f"/proc/{pid}/fd").iterdir()))
+    raise RuntimeError(f"no Threads for process {pid}")
+
+
+def children_cpu(pid: int) -> float:
+    """CPU seconds (user + system) used so far by the live children of `pid`."""
+    ticks = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:  # a thread (librdkafka's come and go) or a child may end while it is read
+            pids = (task / "children").read_text().split()
+        except FileNotFoundError:
+            continue
+        for child in pids:
+            try:
+                fields = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()
+            except FileNotFoundError:
+                continue
+            ticks += int(fields[11]) + int(fields[12])  # utime, stime
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user + system) `pid` used so far, all its threads."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
