@@ -197,7 +197,9 @@ class DafkaEngine(Engine):
         self._observer: Observer | None = None
         self._writers: dict[tuple[str, int], PartitionWriter] = {}
         self._writer_node = WriterNode(lambda: self.dafka_config, self._not_a_writer_peer)
-        self.handover = Handover(self.progress, stats, self.send_took, self._note_stored)
+        self.handover = Handover(
+            self.progress, stats, self.send_took, self._note_stored, self.published
+        )
         self._by_address: dict[tuple[str, str], PartitionWriter] = {}
         self._writable: set[str] = set()  # topics checked for produce
         self._groups: dict[str, Group] = {}
