@@ -473,7 +473,17 @@ class DafkaEngine(Engine):
     def writer_failed(self, topic: str, address: str) -> None:
         """This gateway's writer of `address` failed: what it handed over may never reach
         a store, and the writer that replaces it writes new records at those offsets. The
-        groups reading `topic` here restart the partition where the stores hold it."""
+        groups reading `topic` here restart the partition where the stores hold it.
+
+        When the writers' actor died, copies of its records may still be on their way
+        to the reader (over TCP, or in its SUB): at the address and offsets the
+        replacement writes, they would pass for its records once the partition
+        restarts. The reader drops them first (`Reader.peer_gone`: its commands run in
+        order, the restarts' after this one)."""
+        writer = self._by_address.get((topic, address))
+        publisher = None if writer is None else writer.publisher
+        if publisher is not None and not publisher.usable and self._reader is not None:
+            self._reader.peer_gone(publisher.address)
         for group in self._readers_of.get(topic, ()):
             group.writer_failed(topic, address)
 

@@ -5,7 +5,7 @@ per record while the gateway's event loop, in the same process, wants the GIL fo
 next pass: each release can hand the GIL to the loop and leave the actor waiting for it
 back, a futex wake-up and a context switch per frame. Held across a few records' frames,
 unpipelined RPUSHX from 50 clients cost the gateway 2.5-3.5 µs less CPU per record and a
-quarter fewer context switches (`docs/dafka-engine.md`, "Sending without the GIL").
+quarter fewer context switches (`docs/dafka-engine.md`, "Sending records without the GIL").
 
 Only for sends that never block: a PUB socket (it drops at its high-water mark), or any
 socket with `zmq.NOBLOCK`. The caller must not send once the socket is closed (the handle

@@ -311,6 +311,11 @@ class PartitionWriter:
         self._pending, self._waiting = self._waiting, []
         self.publish_pending()
 
+    @property
+    def publisher(self) -> Publisher | None:
+        """The actor this writer's partition is open on (None until it is)."""
+        return None if self._producer is None else self._producer.owner
+
     def take_pending(self) -> tuple[Partition | None, list[bytes]]:
         """Loop thread: the actor's partition and the records submitted since the last
         hand-over, taken (none before the partition is open: they wait in `_waiting`)."""

@@ -159,6 +159,15 @@ class Reader(Node):
     def drop(self, cursor: Hashable) -> None:
         self._command("drop", cursor)
 
+    def peer_gone(self, address: str) -> None:
+        """The node `address` is gone for good: an actor of this process that died (the
+        gateway's writers'). What it sent and the reader has not read yet is dropped,
+        unread, and it is never connected again: a command given after this one (a
+        cursor restarted where the stores' records end) never meets its records. The
+        writer replacing it writes other records at the same address and offsets, and
+        nothing in a record tells the two apart."""
+        self._command("gone", address)
+
     def _command(self, name: str, *args: Any) -> None:
         with self._lock:
             if self._closed:
@@ -177,15 +186,16 @@ class Reader(Node):
         ]
 
     def _loop(self, pipe: zmq.Socket, sub: zmq.Socket, xpub: zmq.Socket, beacon: Beacon) -> None:
-        _Actor(self, sub, xpub).loop(pipe, beacon)
+        _Actor(self, sub, xpub, beacon).loop(pipe)
 
 
 class _Actor:
-    def __init__(self, owner: Reader, sub: zmq.Socket, xpub: zmq.Socket) -> None:
+    def __init__(self, owner: Reader, sub: zmq.Socket, xpub: zmq.Socket, beacon: Beacon) -> None:
         self.owner = owner
         self.uuid = owner.address
         self.sub = sub
         self.xpub = xpub
+        self.beacon = beacon
         self.retry = owner._retry
         self.subjects: dict[str, None] = {}
         self.parts: dict[tuple[str, str], _Partition] = {}
@@ -195,7 +205,8 @@ class _Actor:
         self.fetching: set[_Cursor] = set()
         self.heads = HeadsSchedule(owner._heads_interval)
 
-    def loop(self, pipe: zmq.Socket, beacon: Beacon) -> None:
+    def loop(self, pipe: zmq.Socket) -> None:
+        beacon = self.beacon
         poller = zmq.Poller()
         for sock in (pipe, self.sub, self.xpub, beacon.socket):
             poller.register(sock, zmq.POLLIN)
@@ -332,6 +343,20 @@ class _Actor:
             if now < 0:
                 now = now_ms()
             self._pump(cursor, now)
+
+    def _cmd_gone(self, address: str) -> None:
+        events = self.beacon.forget(address)
+        if not events:
+            return  # never connected, or forgotten already
+        # The poll before the commands may have read a message's first frame ahead
+        # (a SUB does, to match it), and libzmq aborts the process when the pipe of a
+        # message half read goes away: read what is here first, as if it came before
+        # this command (copies of records the groups restart from are then stale by
+        # their generation), and the rest of a message cut short by _drain's bound.
+        self._drain()
+        while self.sub.rcvmore:
+            self.sub.recv()
+        apply_events(events, self.sub)  # what the peer sent and is not read is dropped
 
     def _cmd_drop(self, key: Hashable) -> None:
         cursor = self.cursors.pop(key, None)
