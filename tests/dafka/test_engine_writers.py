@@ -13,12 +13,15 @@ import zmq
 from backends.base import ProduceError, Stats
 from backends.dafka.config import Config
 from backends.dafka.partitions import make_partitioner, own_address
+from backends.dafka.producing import FORGET_AT_LEAST
 from backends.dafka.publisher import Publisher
 from backends.dafka.store import Store
 from tests.dafka.test_engine import WAIT, engine_on, run, take
 from tests.support.waiting import wait_until
 
 TOPICS = 300
+# Rounds of 100 records from each of two sessions: more than FORGET_AT_LEAST in all.
+INTERLEAVED_ROUNDS = 30
 
 
 def test_many_topics_share_one_actor_and_every_record_is_read_back(
@@ -292,7 +295,7 @@ def test_a_session_that_never_dumps_keeps_no_account_of_what_is_stored(
     async def body() -> None:
         async with engine_on(dafka_config, partitions=1) as engine:
             steady, other = engine.producer("steady"), engine.producer("other")
-            for _ in range(20):
+            for _ in range(INTERLEAVED_ROUNDS):
                 for n in range(100):
                     steady.produce("interleaved", None, b"s%d" % n)
                     other.produce("interleaved", None, b"o%d" % n)
@@ -300,12 +303,14 @@ def test_a_session_that_never_dumps_keeps_no_account_of_what_is_stored(
                 assert await other.flush(WAIT) == 0
             # Read from the handle: memory is what a user would see, and it is these.
             kept = sum(len(ranges) for ranges in steady._ranges.values())
-            assert kept <= 200, f"the session keeps {kept} ranges of 2,000 stored records"
+            assert kept < FORGET_AT_LEAST, (
+                f"the session keeps {kept} ranges of {100 * INTERLEAVED_ROUNDS} stored records"
+            )
             assert steady.outstanding() == 0
             member = await engine.consumer("g", "c", ["interleaved"], {})
-            records = await take(member, 4000)
+            records = await take(member, 200 * INTERLEAVED_ROUNDS)
             assert [r.value for r in records if (r.value or b"").startswith(b"s")] == [
-                b"s%d" % n for _ in range(20) for n in range(100)
+                b"s%d" % n for _ in range(INTERLEAVED_ROUNDS) for n in range(100)
             ]
             await member.close()
 
