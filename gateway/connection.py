@@ -294,17 +294,17 @@ class Connection(asyncio.Protocol):
             self._run()
 
     def _run_rpushx(self, command: list[bytes], out: list[bytes]) -> Reply | Waiting:
-        """An RPUSHX and the RPUSHX to the same key parsed right behind it, run as one
-        each would be (gateway.commands.produce.rpushx_run): the replies of all but the
-        last onto `out`; the last one's reply (or what waits for it) is returned as
-        _execute's. Only when dispatch would do nothing but call rpushx: the client is
-        authenticated and no MONITOR is on (nor the latency clock: _run checks)."""
+        """An RPUSHX and the RPUSHXs parsed right behind it, run as one each would be
+        (gateway.commands.produce.rpushx_run): the replies of all but the last onto
+        `out`; the last one's reply (or what waits for it) is returned as _execute's.
+        Only when dispatch would do nothing but call rpushx: the client is authenticated
+        and no MONITOR is on (nor the latency clock: _run checks)."""
         session = self.session
         assert session is not None
         if not session.authenticated or session.ctx.monitors.registered:
             return self._execute(command)
         try:
-            answers = rpushx_run(session, command, self._parser.next_like)
+            answers = rpushx_run(session, command, self._parser.next_named)
         except Exception:
             log.exception("command failed", client=session.id, command=command[:1])
             return ErrorReply(errors.internal_error().text)

@@ -143,9 +143,9 @@ class RequestParser(ABC):
     def pending(self) -> bool:
         """True while part of a command has arrived but not all of it."""
 
-    def next_like(self, name: bytes, first: bytes) -> list[bytes] | None:
-        """Take the next command if it is parsed already and is `name first ...` with at
-        least one more argument; else None, and nothing is taken."""
+    def next_named(self, name: bytes) -> list[bytes] | None:
+        """Take the next command if it is parsed already and is `name` with at least two
+        arguments; else None, and nothing is taken."""
         return None
 
 
@@ -258,11 +258,11 @@ class PythonRequestParser(RequestParser):
     def pending(self) -> bool:
         return self._args is not None or self._pos < len(self._buf) or self._chunked > 0
 
-    def next_like(self, name: bytes, first: bytes) -> list[bytes] | None:
+    def next_named(self, name: bytes) -> list[bytes] | None:
         ready = self._ready
         if ready:
             command = ready[0]
-            if len(command) > 2 and command[1] == first and command[0] == name:
+            if len(command) > 2 and command[0] == name:
                 return ready.popleft()
         return None
 

@@ -195,3 +195,24 @@ def test_monitor_sees_each_rpushx_of_a_pipeline(
         lines = [monitor.read_line() for _ in range(3)]
         for n, line in enumerate(lines):
             assert b'"RPUSHX" "%s" "m%d"' % (key, n) in line, line
+
+
+def test_a_pipeline_that_changes_topic_at_every_rpushx_keeps_each_topics_order(
+    server: ServerThread, new_topic: Callable[[int], str]
+) -> None:
+    """RPUSHX round-robin over three topics in one round trip (the gateway runs them
+    together, looking each key up as it changes), a bad key among them: each answered as
+    alone, each topic's records in the order sent."""
+    topics = [new_topic(1) for _ in range(3)]
+    commands = [
+        command(b"RPUSHX", b"topics:%s" % topics[n % 3].encode(), b"r%d" % n) for n in range(60)
+    ]
+    commands.insert(31, command(b"RPUSHX", b"a:b:c:d", b"x"))
+    with Raw(server.port, timeout=60) as raw:
+        raw.send(b"".join([*commands, command(b"DUMP", b"30000")]))
+        replies = [raw.read_reply() for _ in range(len(commands) + 1)]
+        assert replies[:31] + replies[32:] == [1] * 60 + [0]
+        assert isinstance(replies[31], tuple) and replies[31][0] == "-", "the bad key's error"
+    for at, topic in enumerate(topics):
+        with Raw(server.port, timeout=60) as raw:
+            assert consume(raw, topic, 20) == [b"r%d" % n for n in range(at, 60, 3)]
