@@ -510,9 +510,12 @@ class ProducerHandle(Producer):
         a range per record: forgotten only at a DUMP, they grew without bound on a
         connection that never sent one (a steady RPUSHX producer held ~100 bytes for each
         record it ever sent).
-        The walk costs a look at each writer: it runs again after twice as many ranges
-        as it kept, and at least four per writer."""
+        The walk looks at each writer the session holds ranges of: it runs again after
+        twice as many ranges as it kept, and at least four per writer it looked at (the
+        writers whose ranges were all durable are forgotten, and most come back: at
+        1,000 topics, counting only those it kept made it 5% of the loop)."""
         kept = 0
+        looked_at = len(self._ranges)
         for writer, ranges in list(self._ranges.items()):
             _forget_durable(writer, ranges)
             if ranges:
@@ -520,7 +523,7 @@ class ProducerHandle(Producer):
             else:
                 del self._ranges[writer]
         self._kept = kept
-        self._forget_at = max(FORGET_AT_LEAST, 2 * kept, 4 * len(self._ranges))
+        self._forget_at = max(FORGET_AT_LEAST, 2 * kept, 4 * looked_at)
 
     async def wait_for_room(self, timeout: float) -> None:
         # Writers make room when a store acknowledges (or a writer fails): both call
