@@ -287,23 +287,32 @@ def test_a_partition_moved_away_with_records_buffered_is_served_only_by_its_new_
 
 
 def test_a_live_member_that_never_acks_keeps_receiving_past_the_buffer(network: Config) -> None:
-    """A member joined before the records, taking them without acks: acks only commit, so
-    it must get every record, not stop once `consume_batch` of them were handed out.
-    Each batch is produced (and stored) before the member takes it, so the reader's credit
-    runs out while later records are live. A lost-FETCH timeout longer than the test makes
-    a grant that sends no FETCH a lasting stall, as it is whenever no later record comes."""
+    """A member taking records without acks: acks only commit, so it must get every
+    record, not stop once `consume_batch` of them were handed out. It joins once the
+    first 20 records are stored: its first FETCH, from the oldest record, asks past its
+    credit (MAX_FETCH // 10) and the store answers all 20, so credit runs out mid-FETCH.
+    The next 20 are produced (and stored) while it is live and out of credit, before it
+    takes them. A lost-FETCH timeout longer than the test makes a grant that sends no
+    FETCH a lasting stall, as it is whenever no later record comes.
+
+    Joining before the first records would race that timeout: the reader finds the
+    partition, and FETCHes, while they are being stored, and a FETCH can then be answered
+    in part, by the store with the records it held when it read them and not by the
+    producer, which answers no FETCH that starts below its first unacknowledged record
+    (spec §3); only the timeout asks again."""
     network.set("consumer/fetch_retry_interval", 60_000)
 
     async def body() -> None:
         async with engine_on(network, consume_batch=10, partitions=1) as engine:
-            member = await engine.consumer("g", "c", ["t"], {"auto.offset.reset": "earliest"})
             producer = engine.producer("s1")
             values = [b"%03d" % i for i in range(40)]
-            got: list[Record] = []
-            for first in range(0, len(values), 20):
-                producer.produce_many("t", None, values[first : first + 20])
-                assert await producer.flush(WAIT) == 0
-                got += await take(member, 20, ack=False)
+            producer.produce_many("t", None, values[:20])
+            assert await producer.flush(WAIT) == 0
+            member = await engine.consumer("g", "c", ["t"], {"auto.offset.reset": "earliest"})
+            got = await take(member, 20, ack=False)
+            producer.produce_many("t", None, values[20:])
+            assert await producer.flush(WAIT) == 0
+            got += await take(member, 20, ack=False)
             assert [r.value for r in got] == values
             assert [r.offset for r in got] == list(range(len(values)))
             await member.close()
