@@ -22,6 +22,36 @@ from tests.support.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 
+
+def growth_reference(engine: str, script: str, *others: str) -> str:
+    """An owner running bench/growth.py's reference on `engine` in one shape, ready once
+    `script` and what names `others` (the processes it starts) run below it."""
+    names = (script, *others)
+    return f"""
+        import argparse, os, sys, threading
+        sys.path.insert(0, os.path.abspath("bench"))
+        import growth
+        from tests.support.processes import descendants
+        from tests.support.waiting import wait_until
+        args = argparse.Namespace(
+            records=10**9, deliveries=10**9, bound=3600.0, kafka_document={{}}, partitions=1
+        )
+        threading.Thread(target=growth.direct, args=({engine!r}, 1, 1, args), daemon=True).start()
+        def all_running():
+            # An argument ending with each name: a child forked but not yet exec'd has
+            # this owner's command line, which mentions the script too.
+            missing = set({[name.encode() for name in names]!r})
+            for pid in descendants(os.getpid()):
+                try:
+                    argv = open(f"/proc/{{pid}}/cmdline", "rb").read().split(b"\\0")
+                except OSError:
+                    continue
+                missing -= {{name for name in missing for arg in argv if arg.endswith(name)}}
+            return not missing
+        wait_until(all_running, 120, "{" and ".join(names)} to start")
+        """
+
+
 OWNERS = {
     # The common case: a fixture or a bench starts it on the main thread.
     "redis-server": """
@@ -60,31 +90,11 @@ OWNERS = {
         while child_running(os.getpid(), "redis-benchmark") is None:
             pass
         """,
-    # bench/growth.py's direct Kafka client (bench/growth_direct.py), mid-run, and the
-    # Tansu broker it runs against.
-    "growth-direct": """
-        import argparse, os, sys, threading
-        sys.path.insert(0, os.path.abspath("bench"))
-        import growth
-        from tests.support.processes import descendants
-        from tests.support.waiting import wait_until
-        args = argparse.Namespace(
-            records=10**9, deliveries=10**9, bound=3600.0, kafka_document={}, partitions=1
-        )
-        threading.Thread(target=growth.direct, args=(1, 1, args), daemon=True).start()
-        def direct_running():
-            # An argument naming the script: a child forked but not yet exec'd has this
-            # owner's command line, which mentions it too.
-            for pid in descendants(os.getpid()):
-                try:
-                    argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\\0")
-                except OSError:
-                    continue
-                if any(arg.endswith(b"/growth_direct.py") for arg in argv):
-                    return True
-            return False
-        wait_until(direct_running, 120, "bench/growth_direct.py to start")
-        """,
+    # bench/growth.py's references, mid-run: on Kafka the direct client
+    # (bench/growth_direct.py) and the Tansu broker it runs against; on Dafka the engine
+    # without the gateway (bench/growth_engine.py) and its tower and store.
+    "growth-direct": growth_reference("kafka", "growth_direct.py"),
+    "growth-engine": growth_reference("dafka", "growth_engine.py", "towerd", "stored"),
     # bench/run.py's latency run: its gateway, and the paced producer it starts with
     # multiprocessing (no helper: it ends when its connection to the dead gateway breaks).
     "bench-producer": """
@@ -136,6 +146,7 @@ EXPECTED = {
     "redis-benchmark": ["redis-benchmark", "redis-server"],
     "bench-producer": ["rafka", "towerd", "stored", "--multiprocessing-fork"],
     "growth-direct": ["tansu", "growth_direct.py"],
+    "growth-engine": ["growth_engine.py", "towerd", "stored"],
     "spark": ["java", "pyspark.daemon"],
     "dafka-network": ["towerd", "stored"],
 }
