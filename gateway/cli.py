@@ -27,10 +27,6 @@ async def serve(config: Config) -> None:
     # every record on its way waited through (docs/gateway.md, "Latency").
     gc.collect()
     gc.freeze()
-    # A young collection every 10,000 new objects instead of 700: a pipeline of 500,000
-    # RPUSHX over 1,000 topics (Dafka) ran the collector ~900 times for 0.24-0.47 s, 50
-    # times for 0.13-0.15 s with this (docs/gateway.md, "Latency").
-    gc.set_threshold(10_000, 10, 10)
     # One plain line for the person who started it (the log lines are for machines).
     where = server.ctx.engine.where()
     ports = [f"{server.host}:{server.port}"] if server.port is not None else []
