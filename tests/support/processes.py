@@ -21,7 +21,12 @@ def children(pid: int) -> set[int]:
     """The pids of a process's children (e.g. a gateway's tower and stores)."""
     found: set[int] = set()
     for task in Path(f"/proc/{pid}/task").iterdir():
-        text = (task / "children").read_text().split()
+        try:
+            text = (task / "children").read_text().split()
+        except (FileNotFoundError, ProcessLookupError):
+            # A thread that ended while it was read (a JVM's come and go): skipping the
+            # whole process here missed its other threads' children (pyspark.daemon).
+            continue
         found.update(int(child) for child in text)
     return found
 
