@@ -29,6 +29,7 @@ import hiredis
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.support.kafka import kafka_document
+from tests.support.processes import process_cpu
 from tests.support.rafka_process import RafkaProcess
 from tests.support.resp import command
 from tests.support.tansu import TansuBroker
@@ -56,11 +57,6 @@ def thread_cpu(pid: int) -> dict[str, float]:
             name = "librdkafka"
         groups[name] = groups.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / TICKS
     return groups
-
-
-def process_cpu(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
 
 
 def broker_pid(broker: TansuBroker) -> int:

@@ -103,19 +103,13 @@ def threads_and_files(pid: int) -> tuple[int, int]:
 
 def children_cpu(pid: int) -> float:
     """CPU seconds (user + system) used so far by the live children of `pid`."""
-    ticks = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:  # a thread (librdkafka's come and go) or a child may end while it is read
-            pids = (task / "children").read_text().split()
-        except FileNotFoundError:
-            continue
-        for child in pids:
-            try:
-                fields = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()
-            except FileNotFoundError:
-                continue
-            ticks += int(fields[11]) + int(fields[12])  # utime, stime
-    return ticks / os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for child in children(pid):
+        try:
+            total += process_cpu(child)
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # ended meanwhile
+    return total
 
 
 def process_cpu(pid: int) -> float:
