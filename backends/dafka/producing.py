@@ -133,8 +133,9 @@ class Handover:
         `note_stored([(topic, address, head), ...])`: the stores hold these partitions
         up to `head` (the observer's `note_stored_many`: one lock for all the writers
         one delivery of ACKs moved).
-        `published(topic, address, first, records)`: what a writer's `handed_over()`
-        calls (`DafkaEngine.published`), called for all of them at once."""
+        `published(topic, address, first, records)`: a writer's records are the actor's,
+        from sequence `first` on: this gateway's groups may take them now (in process:
+        docs/dafka-engine.md, "Latency"; `DafkaEngine.published`)."""
         self._progress = progress
         self._published = published
         self._handed = handed
@@ -204,7 +205,6 @@ class Handover:
                 continue
             handed = zip(writers_of[publisher], firsts, batch, strict=True)
             for writer, first, (_, records) in handed:
-                # writer.handed_over(first, records), without its call
                 published(writer.topic, writer.address, first, records)
         self._handed()
 
@@ -334,12 +334,8 @@ class PartitionWriter:
         except RuntimeError as error:
             self.fail(error, len(pending))
             return
-        self.handed_over(first, pending)
-
-    def handed_over(self, first: int, records: list[bytes]) -> None:
-        """Loop thread: `records` are the actor's, from sequence `first` on: this
-        gateway's groups may take them now (in process: docs/dafka-engine.md, "Latency")."""
-        self._engine.published(self.topic, self.address, first, records)
+        # Its records are the actor's: this gateway's groups may take them now.
+        self._engine.published(self.topic, self.address, first, pending)
 
     def fail(self, error: Exception, lost: int) -> None:
         """The actor is gone: `lost` records handed to it never go out (loop thread)."""
