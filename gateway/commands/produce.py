@@ -84,33 +84,31 @@ def rpushx_run(
     Paid once per run instead of per command: the connection's dispatch and the
     session's producer look-up; the key's parsing once per change of key (a pipeline
     over 1,000 topics changes it at every command)."""
-    try:
-        producer = session.producer
-        if producer is None:
-            producer = session_producer(session)
-    except errors.RespError as error:  # as rpushx would answer each: the first one only
-        return [error]
     answers: list[RunAnswer] = []
     name = args[0]
     raw_key = b""  # no key is empty: RPUSHX's key has a colon
     topic: str = ""
     key: bytes | None = None
-    produce = producer.produce
+    producer = session.producer
     while True:
         count = len(args) - 2
         try:
+            # In rpushx()'s order: the key's form, then the session's producer.
             if args[1] != raw_key:
                 raw_key = args[1]
                 topic, key = _TARGETS.get(raw_key) or _target(raw_key)
+            if producer is None:
+                producer = session_producer(session)
             if count == 1:
-                produce(topic, key, args[2])
+                producer.produce(topic, key, args[2])
             else:
                 producer.produce_many(topic, key, args[2:])
             answers.append(count)
-        except errors.RespError as error:  # the key's form: this command's answer
+        except errors.RespError as error:  # the key's form, or no producer: as rpushx()
             raw_key = b""
             answers.append(error)
         except QueueFullError as full:
+            assert producer is not None  # it refused the values
             try:
                 answer = _queue_full(session, producer, topic, key, args, full)
             except errors.RespError as error:

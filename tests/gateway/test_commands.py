@@ -335,6 +335,16 @@ def test_keys_and_rpushx_failures_keep_rafkas_texts(tansu: TansuBroker) -> None:
         raw.expect(b'-ERR Error spawning producer: No such configuration property: "foo"\r\n')
         raw.command("RPUSHX", "topics:x", "v")
         raw.expect(b'-PROD Error spawning producer: No such configuration property: "foo"\r\n')
+        # Pipelined (one run of RPUSHX): each answered as alone, the key's form first.
+        raw.send(
+            b"*3\r\n$6\r\nRPUSHX\r\n$2\r\nno\r\n$1\r\nv\r\n"
+            b"*3\r\n$6\r\nRPUSHX\r\n$8\r\ntopics:x\r\n$1\r\nv\r\n"
+        )
+        raw.expect(
+            b"-PROD First argument must be in the form of 'topics:<topic>' or "
+            b"'topics:<topic>:<key>'\r\n"
+        )
+        raw.expect(b'-PROD Error spawning producer: No such configuration property: "foo"\r\n')
     nobody = {
         "general": {"bootstrap.servers": f"127.0.0.1:{free_port()}", "log_level": 0},
         "gateway": {"host": "127.0.0.1", "port": 0, "metadata_timeout": 0.2},
