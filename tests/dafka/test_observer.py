@@ -13,6 +13,7 @@ from backends.dafka.observer import GIVE_UP, NotSettled, Observer
 from backends.dafka.producer import Producer
 from backends.dafka.store import Store
 from backends.dafka.test_peer import TestPeer
+from backends.dafka.tower import Tower
 from tests.support.waiting import wait_until
 
 
@@ -154,3 +155,13 @@ def test_a_store_that_never_marks_its_answer_is_taken_for_a_c_store(
             pytest.fail(f"greeted again after {GIVE_UP} greetings, when taken for a C store")
     finally:
         observer.close()
+
+
+def test_a_closed_observer_asked_for_heads_does_nothing(dafka_config: Config, tower: Tower) -> None:
+    """An owner's late call on a closed actor: the wake-up goes nowhere. (The owner wakes
+    its actor through libzmq directly, holding the GIL: a send on the closed pipe would
+    use freed memory.)"""
+    observer = Observer(dafka_config, zmq.Context.instance())
+    observer.close()
+    observer.ask({"t"})
+    assert observer.heads("t") == {}
