@@ -189,3 +189,16 @@ def test_credit_granted_during_a_fetch_is_fetched_at_once_past_it(
     expect_fetch(test_peer, 6, 3)
     answer(test_peer, reader, 6, 7, 8)
     assert owner.records(3) == [record(6), record(7), record(8)]
+
+
+def test_records_taken_elsewhere_are_dropped_when_their_copies_come(
+    reader: Reader, test_peer: TestPeer, owner: Owner
+) -> None:
+    """The owner's word that it took records in process wakes nobody (`Reader.took`):
+    the copies' arrival does, and the reader hears of the takes before it reads them."""
+    start(reader, test_peer, credit=100)
+    live(test_peer, 0)
+    assert owner.records(1) == [record(0)]
+    reader.took([(CURSOR, 4, 3, 1)])  # 1..3, taken in process
+    live(test_peer, 1, 2, 3, 4)
+    assert owner.records(1) == [record(4)], "copies of records taken in process delivered"
