@@ -44,7 +44,9 @@ def _zmq_send() -> Callable[[ctypes.c_void_p, bytes, int, int], int] | None:
     if len(paths) != 1:
         return None
     try:
-        library = ctypes.PyDLL(paths.pop())
+        # use_errno: ctypes keeps the call's errno for get_errno(); zmq_errno() read after
+        # the call returns may see another one (Python ran in between: a signal handler).
+        library = ctypes.PyDLL(paths.pop(), use_errno=True)
     except OSError:
         return None
     send = library.zmq_send
@@ -69,7 +71,7 @@ def held_sender(socket: zmq.Socket) -> Send:
             fallback(data, flags)
             return
         if sent < 0:
-            errno = zmq.zmq_errno()
+            errno = ctypes.get_errno()
             raise zmq.Again(errno) if errno == zmq.EAGAIN else zmq.ZMQError(errno)
 
     return send

@@ -157,8 +157,10 @@ class Reader(Node):
         spent twice.
 
         Queued without waking the reader: the copies of these records wake it (on their
-        way already), and it reads its commands first, so it still hears of the takes
-        before their copies. A wake-up per hand-over cost the event loop a zmq send and
+        way already), and it reads its commands first, so it mostly hears of the takes
+        before their copies (copies read in the pass under way when this is queued are
+        delivered first, as above). Otherwise the next wake-up for anything, at most a
+        second later, runs it. A wake-up per hand-over cost the event loop a zmq send and
         the GIL back from the woken reader, ~2,000 a second at 10,000 records/s."""
         self._command("took", takes, wake=False)
 

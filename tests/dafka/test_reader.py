@@ -7,6 +7,7 @@ reaches the owner once and in order."""
 from __future__ import annotations
 
 import queue
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -202,3 +203,27 @@ def test_records_taken_elsewhere_are_dropped_when_their_copies_come(
     reader.took([(CURSOR, 4, 3, 1)])  # 1..3, taken in process
     live(test_peer, 1, 2, 3, 4)
     assert owner.records(1) == [record(4)], "copies of records taken in process delivered"
+
+
+@pytest.fixture
+def quiet_beacons(dafka_config: Config) -> Config:
+    """Beacons every 3 s instead of 50 ms and no repeated GET_HEADS (set before the
+    tower, the peer and the reader start: listed first), so that nothing but a command's
+    own wake-up wakes the reader within its longest wait, a second."""
+    dafka_config.set("beacon/interval", 3000)
+    dafka_config.set("consumer/heads_interval", 0)
+    return dafka_config
+
+
+def test_a_command_queued_behind_a_take_still_wakes_the_reader(
+    quiet_beacons: Config, reader: Reader, test_peer: TestPeer
+) -> None:
+    """A take queued without a wake-up must not swallow the next command's: the FETCH of
+    a cursor started right after goes at once, not at the reader's next timer (up to 1 s
+    later)."""
+    reader.took([(("other", "cursor"), 4, 3, 1)])
+    started = time.monotonic()
+    reader.start(CURSOR, "hello", test_peer.address, 0, 4, 1, head=2, jump=False)
+    expect_fetch(test_peer, 0, 3)
+    waited = time.monotonic() - started
+    assert waited < 0.3, f"the FETCH went {waited:.3f} s after the start: not woken"
