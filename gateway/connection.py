@@ -162,6 +162,8 @@ class Connection(asyncio.Protocol):
         if not self._host.admit(self):
             self._ended = True
             self._flow.stop()
+            self._idle.close()
+            self._partial.close()
             transport.write(encode(ErrorReply(errors.max_clients_reached().text)))
             transport.close()
             return
@@ -429,8 +431,8 @@ class Connection(asyncio.Protocol):
             return
         self._ended = True
         self._flow.stop()
-        self._idle.cancel()
-        self._partial.cancel()
+        self._idle.close()
+        self._partial.close()
         self._teardown_task = self._loop.create_task(self._teardown())
         self._teardown_task.add_done_callback(self._finished)
 
@@ -454,6 +456,8 @@ class Connection(asyncio.Protocol):
     def _finished(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:
             log.error("connection teardown failed", exc_info=task.exception())
+        if self.session is not None:
+            self.session.writer = None  # the last reference back to us: no cycle left
         self._host.forget(self)
         if not self.closed.done():
             self.closed.set_result(None)

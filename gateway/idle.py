@@ -10,6 +10,14 @@ import asyncio
 from collections.abc import Callable
 
 
+def _not_busy() -> bool:
+    return False
+
+
+def _nothing() -> None:
+    pass
+
+
 class _ConnectionTimer:
     """What both timers share: one `call_later` handle that `_check` re-arms, and the
     callbacks `busy()` (the connection counts as active) and `expire()` (close it)."""
@@ -32,6 +40,14 @@ class _ConnectionTimer:
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
+
+    def close(self) -> None:
+        """Cancel for good and let go of the callbacks: they are the connection's bound
+        methods, and a connection that held its timers and was held by them was freed only
+        by the cycle collector (a full pass after 10,000 clients left took 100 ms)."""
+        self.cancel()
+        self._busy = _not_busy
+        self._expire = _nothing
 
 
 class IdleTimer(_ConnectionTimer):

@@ -8,7 +8,7 @@ import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import chain
-from typing import cast
+from typing import Any, cast
 
 import structlog
 
@@ -335,7 +335,7 @@ async def _next(
     assert task is not None
     stopping = False
 
-    def stop_waiting(_: object) -> None:
+    def stop_waiting(_: object, task: asyncio.Task[Any] = task) -> None:
         nonlocal stopping
         stopping = True
         task.cancel()
@@ -363,6 +363,10 @@ async def _next(
         raise errors.from_engine(error) from None
     finally:
         stop.remove_done_callback(stop_waiting)
+        # A CancelledError leaving this frame keeps it in its traceback, which the task
+        # keeps: the frame's references to the task would close a cycle that only the
+        # cycle collector frees (with the connection behind it).
+        del stop_waiting, task
     if not got:
         return NULL_ARRAY
     if isinstance(got, Record):
