@@ -435,13 +435,14 @@ class ProducerHandle(Producer):
         self._kept = 0
         self._forget_at = FORGET_AT_LEAST
         self._closed = False
-        # The writer of the last (topic, key) produced to, and the loop pass it was
-        # looked up in (`Handover.pass_number`): an RPUSHX run (a pipeline to one key)
-        # looks it up once per loop pass, not per record (writer_for's checks, partition
-        # count and partitioner were a fifth of the loop's time at redis-benchmark
-        # -P 16). Within a pass the partitioner would choose the same (keyed: always;
-        # keyless: sticky for 10 ms).
-        self._last: tuple[str, bytes | None, PartitionWriter, int] | None = None
+        # The writers of the (topic, key)s produced to in the loop pass under way
+        # (`Handover.pass_number`): each is looked up once per pass, not per record
+        # (writer_for's checks, partition count and partitioner were a fifth of the
+        # loop's time at redis-benchmark -P 16, and a pipeline over 100 topics changes
+        # topic at each record). Within a pass the partitioner would choose the same
+        # (keyed: always; keyless: sticky for 10 ms).
+        self._writers_now: dict[tuple[str, bytes | None], PartitionWriter] = {}
+        self._writers_pass = -1
 
     def produce(self, topic: str, key: bytes | None, value: bytes) -> None:
         # One RPUSHX value, the common case: no generator to look for the envelope's mark.
@@ -461,19 +462,13 @@ class ProducerHandle(Producer):
         if not values:
             return 0
         engine = self._engine
-        last = self._last
         this_pass = engine.handover.pass_number()
-        if (
-            last is not None
-            and last[3] == this_pass
-            and last[0] == topic
-            and last[1] == key
-            and last[2].failed is None
-        ):
-            writer = last[2]
-        else:
-            writer = engine.writer_for(topic, key)
-            self._last = (topic, key, writer, this_pass)
+        if this_pass != self._writers_pass:
+            self._writers_now.clear()
+            self._writers_pass = this_pass
+        writer = self._writers_now.get((topic, key))
+        if writer is None or writer.failed is not None:
+            writer = self._writers_now[(topic, key)] = engine.writer_for(topic, key)
         start = writer.submitted
         try:
             end = writer.submit(values)
