@@ -7,9 +7,12 @@
 #
 # Usage: bench/compare_trees.sh PIPELINE RUNS TREE... (e.g. `git worktree add /tmp/old
 # HEAD~1`, then `bench/compare_trees.sh 1 3 /tmp/old .`). Each tree runs its own code:
-# `rafka` is started with PYTHONPATH=<tree>.
+# `rafka` is started with PYTHONPATH=<tree>. With TOPICS=N in the environment, each
+# RPUSHX goes to one of N topics at random (redis-benchmark -r N), one when unset.
 set -u
 P=$1; N=$2; shift 2
+KEY=topics:t; SPREAD=()
+if [ "${TOPICS:-1}" -gt 1 ]; then KEY=topics:t__rand_int__; SPREAD=(-r "$TOPICS"); fi
 VENV=$(cd "$(dirname "$0")/.." && pwd)/.venv
 COMMANDS=$((P == 1 ? 200000 : 1000000))
 for _ in $(seq "$N"); do
@@ -24,11 +27,12 @@ for _ in $(seq "$N"); do
       redis-cli -p "$PORT" PING 2>/dev/null | grep -q PONG && break
       sleep 0.1
     done
-    redis-benchmark -p "$PORT" -c 50 -n 20000 -P "$P" -q RPUSHX topics:t v >/dev/null 2>&1
+    redis-benchmark -p "$PORT" -c 50 -n 20000 -P "$P" "${SPREAD[@]}" -q RPUSHX "$KEY" v \
+      >/dev/null 2>&1
     cpu() { for p in $PID $(pgrep -P $PID); do awk '{print $14+$15}' "/proc/$p/stat"; done | paste -sd' '; }
     switches() { cat /proc/$PID/task/*/status | awk '/ctxt_switches/ {s+=$2} END {print s}'; }
     BEFORE=$(cpu); SWITCHES=$(switches)
-    RATE=$(redis-benchmark -p "$PORT" -c 50 -n "$COMMANDS" -P "$P" -q RPUSHX topics:t v 2>&1 \
+    RATE=$(redis-benchmark -p "$PORT" -c 50 -n "$COMMANDS" -P "$P" "${SPREAD[@]}" -q RPUSHX "$KEY" v 2>&1 \
       | tr '\r' '\n' | grep -v '^$' | tail -1 | awk '{print $4}')
     AFTER=$(cpu); SWITCHED=$(($(switches) - SWITCHES))
     echo "$TREE $RATE $BEFORE $AFTER" | awk -v n="$COMMANDS" -v s="$SWITCHED" '{

@@ -435,14 +435,6 @@ class ProducerHandle(Producer):
         self._kept = 0
         self._forget_at = FORGET_AT_LEAST
         self._closed = False
-        # The writers of the (topic, key)s produced to in the loop pass under way
-        # (`Handover.pass_number`): each is looked up once per pass, not per record
-        # (writer_for's checks, partition count and partitioner were a fifth of the
-        # loop's time at redis-benchmark -P 16, and a pipeline over 100 topics changes
-        # topic at each record). Within a pass the partitioner would choose the same
-        # (keyed: always; keyless: sticky for 10 ms).
-        self._writers_now: dict[tuple[str, bytes | None], PartitionWriter] = {}
-        self._writers_pass = -1
 
     def produce(self, topic: str, key: bytes | None, value: bytes) -> None:
         # One RPUSHX value, the common case: no generator to look for the envelope's mark.
@@ -461,14 +453,7 @@ class ProducerHandle(Producer):
             raise ProduceError(STOPPED)
         if not values:
             return 0
-        engine = self._engine
-        this_pass = engine.handover.pass_number()
-        if this_pass != self._writers_pass:
-            self._writers_now.clear()
-            self._writers_pass = this_pass
-        writer = self._writers_now.get((topic, key))
-        if writer is None or writer.failed is not None:
-            writer = self._writers_now[(topic, key)] = engine.writer_for(topic, key)
+        writer = self._engine.writer_this_pass(topic, key)
         start = writer.submitted
         try:
             end = writer.submit(values)

@@ -269,7 +269,7 @@ def test_keyless_records_move_on_to_the_next_partition_once_the_sticky_time_is_o
 
             def produce(value: bytes) -> None:
                 producer.produce("sticky", None, value)
-                numbers.append(producer._writers_now[("sticky", None)].number)
+                numbers.append(engine._writers_now[("sticky", None)].number)
 
             produce(b"a")
             produce(b"b")
