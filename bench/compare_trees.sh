@@ -13,22 +13,12 @@ set -u
 P=$1; N=$2; shift 2
 KEY=topics:t; SPREAD=()
 if [ "${TOPICS:-1}" -gt 1 ]; then KEY=topics:t__rand_int__; SPREAD=(-r "$TOPICS"); fi
-VENV=$(cd "$(dirname "$0")/.." && pwd)/.venv
+. "$(dirname "$0")/gateway.sh"
 COMMANDS=$((P == 1 ? 200000 : 1000000))
 for _ in $(seq "$N"); do
   for TREE in "$@"; do
     TREE=$(cd "$TREE" && pwd)
-    DATA=$(mktemp -d)
-    PORT=$((20000 + RANDOM % 20000))
-    PYTHONPATH=$TREE "$VENV/bin/rafka" --host 127.0.0.1 -p "$PORT" --data-dir "$DATA" \
-      --event-loop uvloop >/dev/null 2>&1 &
-    PID=$!
-    for _ in $(seq 100); do
-      redis-cli -p "$PORT" PING 2>/dev/null | grep -q PONG && break
-      sleep 0.1
-    done
-    redis-benchmark -p "$PORT" -c 50 -n 20000 -P "$P" "${SPREAD[@]}" -q RPUSHX "$KEY" v \
-      >/dev/null 2>&1
+    start_gateway "$TREE" "$P" "${SPREAD[@]}" RPUSHX "$KEY" v
     cpu() { for p in $PID $(pgrep -P $PID); do awk '{print $14+$15}' "/proc/$p/stat"; done | paste -sd' '; }
     switches() { cat /proc/$PID/task/*/status | awk '/ctxt_switches/ {s+=$2} END {print s}'; }
     BEFORE=$(cpu); SWITCHES=$(switches)
@@ -40,6 +30,6 @@ for _ in $(seq "$N"); do
       for (j = 2; j <= k; j++) children += $(3 + k + j - 1) - $(3 + j - 1)
       printf "%-30s %10s/s  gateway %5.2f  children %5.2f us/cmd  %.2f switches/cmd\n",
         $1, $2, gateway, children * 1e6 / 100 / n, s / n }'
-    kill "$PID"; wait "$PID" 2>/dev/null; rm -rf "$DATA"
+    stop_gateway
   done
 done

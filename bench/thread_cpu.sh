@@ -8,16 +8,8 @@
 # Usage: bench/thread_cpu.sh PIPELINE COMMANDS [TREE] (e.g. `bench/thread_cpu.sh 1 200000`).
 set -u
 P=$1; N=$2; TREE=$(cd "${3:-$(dirname "$0")/..}" && pwd)
-VENV=$(cd "$(dirname "$0")/.." && pwd)/.venv
-DATA=$(mktemp -d); PORT=$((20000 + RANDOM % 20000))
-PYTHONPATH=$TREE "$VENV/bin/rafka" --host 127.0.0.1 -p "$PORT" --data-dir "$DATA" \
-  --event-loop uvloop >/dev/null 2>&1 &
-PID=$!
-for _ in $(seq 100); do
-  redis-cli -p "$PORT" PING 2>/dev/null | grep -q PONG && break
-  sleep 0.1
-done
-redis-benchmark -p "$PORT" -c 50 -n 20000 -P "$P" -q RPUSHX topics:t v >/dev/null 2>&1
+. "$(dirname "$0")/gateway.sh"
+start_gateway "$TREE" "$P"
 snapshot() {
   for p in $PID $(pgrep -P $PID); do
     for t in /proc/$p/task/*; do
@@ -30,7 +22,7 @@ BEFORE=$(snapshot)
 redis-benchmark -p "$PORT" -c 50 -n "$N" -P "$P" -q RPUSHX topics:t v 2>&1 | tr '\r' '\n' \
   | grep -v '^$' | tail -1
 AFTER=$(snapshot)
-kill "$PID"; wait "$PID" 2>/dev/null; rm -rf "$DATA"
+stop_gateway
 printf '%s\n--\n%s\n' "$BEFORE" "$AFTER" | awk -v n="$N" '
   /^--$/ { after = 1; next }
   !after { u[$2] = $4; s[$2] = $5; c[$2] = $6; next }
