@@ -219,11 +219,11 @@ def test_a_command_queued_behind_a_take_still_wakes_the_reader(
     quiet_beacons: Config, reader: Reader, test_peer: TestPeer
 ) -> None:
     """A take queued without a wake-up must not swallow the next command's: the FETCH of
-    a cursor started right after goes at once, not at the reader's next timer (up to 1 s
-    later)."""
+    a cursor started right after goes at once (0.2 ms here), not at the reader's next
+    timer (1.0 s later: the bound of 0.5 s leaves a loaded machine room either side)."""
     reader.took([(("other", "cursor"), 4, 3, 1)])
     started = time.monotonic()
     reader.start(CURSOR, "hello", test_peer.address, 0, 4, 1, head=2, jump=False)
     expect_fetch(test_peer, 0, 3)
     waited = time.monotonic() - started
-    assert waited < 0.3, f"the FETCH went {waited:.3f} s after the start: not woken"
+    assert waited < 0.5, f"the FETCH went {waited:.3f} s after the start: not woken"
