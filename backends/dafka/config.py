@@ -47,6 +47,7 @@ DEFAULTS: dict[str, str] = {
     "tower/pub_address": "tcp://*:5557",
     "tower/verbose": "0",
     "test/verbose": "0",
+    "threads/batch": "0",  # not in C: scheduling.py (the gateway sets 1)
 }
 
 # zconfig accepts these characters in names (rfc.zeromq.org/spec/4).

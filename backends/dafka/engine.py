@@ -27,6 +27,7 @@ from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
 import structlog
+import zmq
 
 from backends.base import (
     ConsumerCreationError,
@@ -63,6 +64,8 @@ from backends.dafka.producing import (
 )
 from backends.dafka.publisher import Publisher
 from backends.dafka.reader import Event, Reader
+from backends.dafka.scheduling import SETTING as BATCH_SETTING
+from backends.dafka.scheduling import io_threads_as_batch
 from backends.dafka.settings import RESETS, DafkaSettings
 
 log = structlog.get_logger("rafka.dafka.engine")
@@ -84,6 +87,8 @@ class ReadKey:
 # often (at start and every dafka.snapshot_interval), so no live offset is ever lost.
 OFFSETS_RETENTION = f"store/topics/{OFFSETS_TOPIC}/retention/ms"
 OFFSETS_RETENTION_MS = 7 * 24 * 3600 * 1000
+# The gateway's Dafka threads, and its embedded stores, give way to its event loop.
+GATEWAY_DEFAULTS = {BATCH_SETTING: "1"}
 
 
 class Network:
@@ -111,7 +116,7 @@ class JoinedNetwork(Network):
             "beacon/pub_address": settings.tower_pub_address or "tcp://127.0.0.1:5557",
             "beacon/ready_timeout": str(int(settings.start_timeout * 1000)),
         }
-        self.config = DafkaConfig({**values, **settings.settings})
+        self.config = DafkaConfig({**values, **GATEWAY_DEFAULTS, **settings.settings})
         self.stores = settings.min_stores
 
     def where(self) -> str:
@@ -123,10 +128,11 @@ class EmbeddedMode(Network):
     """A tower and `dafka.stores` stores as child processes over `dafka.data_dir`."""
 
     def __init__(self, settings: DafkaSettings, data_dir: str, stop_timeout: float) -> None:
-        store_settings = {OFFSETS_RETENTION: str(OFFSETS_RETENTION_MS)}
-        actor_settings: dict[str, str] = {}
+        store_settings = {OFFSETS_RETENTION: str(OFFSETS_RETENTION_MS), **GATEWAY_DEFAULTS}
+        actor_settings: dict[str, str] = dict(GATEWAY_DEFAULTS)
         for path, value in settings.settings.items():
-            if path.startswith("curve/"):  # every node of the network, tower included
+            # curve/: every node of the network, tower included; threads/: ours and the stores.
+            if path.startswith(("curve/", "threads/")):
                 store_settings[path] = actor_settings[path] = value
                 continue
             target = store_settings if path.startswith("store/") else actor_settings
@@ -247,6 +253,8 @@ class DafkaEngine(Engine):
         self._loop = asyncio.get_running_loop()
         allow_sockets()  # before any socket of this process's context
         await self._network.start()
+        if self.dafka_config.get_bool(BATCH_SETTING):
+            io_threads_as_batch(zmq.Context.instance())  # before the actors' first socket
         try:
             observer, self._reader = await asyncio.gather(
                 asyncio.to_thread(

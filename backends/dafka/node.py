@@ -29,6 +29,8 @@ from backends.dafka import proto
 from backends.dafka.beacon import Beacon, bind_data_socket
 from backends.dafka.config import Config
 from backends.dafka.held_send import held_sender
+from backends.dafka.scheduling import SETTING as BATCH_SETTING
+from backends.dafka.scheduling import run_as_batch
 
 log = structlog.get_logger(__name__)
 
@@ -148,6 +150,8 @@ class Actor:
         """On the thread once the loop ended (`error`: what ended it), sockets still open."""
 
     def _run(self) -> None:
+        if self._config.get_bool(BATCH_SETTING):
+            run_as_batch()
         sockets: list[zmq.Socket] = []
 
         def socket(kind: int) -> zmq.Socket:

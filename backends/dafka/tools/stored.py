@@ -6,6 +6,8 @@ import sys
 from collections.abc import Sequence
 
 from backends.dafka.config import Config
+from backends.dafka.scheduling import SETTING as BATCH_SETTING
+from backends.dafka.scheduling import run_as_batch
 from backends.dafka.store import Store
 from backends.dafka.tools import serve
 
@@ -16,6 +18,13 @@ def _listening(store: Store, config: Config) -> str:
     return f"store {store.address} reader {store.reader_address} db {config.get('store/db')}"
 
 
+def _store(config: Config) -> Store:
+    if config.get_bool(BATCH_SETTING):
+        # This thread first: the store's threads, ZeroMQ's among them, take its policy.
+        run_as_batch()
+    return Store(config)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     return serve(
         PROG,
@@ -23,7 +32,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv,
         "beacon",
         ["beacon/verbose", "store/verbose"],
-        Store,
+        _store,
         _listening,
     )
 
