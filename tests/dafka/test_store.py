@@ -215,6 +215,26 @@ def test_malformed_messages_are_ignored(linked: TestPeer, store: Store) -> None:
     assert direct_records_of(linked, "after-garbage", 0, 1) == [(0, b"ok")]
 
 
+def test_a_record_with_frames_beyond_its_content_is_read_as_c_reads_it(
+    linked: TestPeer, store: Store
+) -> None:
+    """Header and content are the record, as for a C store; the frames after them are
+    read as messages of their own: here a record, then a frame that is dropped."""
+    address = linked.address.encode()
+    header = b"Mextra\0\x01\x20" + address + b"\x05extra"
+    sequence = [header + n.to_bytes(8, "big") for n in range(3)]
+    linked.send_frames([sequence[0], b"first", sequence[1], b"second"])
+    linked.send_frames([sequence[2], b"third", b"not a message"])
+    linked.send_record("extra", 3, b"fourth")
+    recv_until_ack(linked, "extra", 3)
+    assert direct_records_of(linked, "extra", 0, 4) == [
+        (0, b"first"),
+        (1, b"second"),
+        (2, b"third"),
+        (3, b"fourth"),
+    ]
+
+
 # --- upstream scenario 20 ------------------------------------------------------------------
 
 
