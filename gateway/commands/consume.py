@@ -127,6 +127,20 @@ _RECORD_HEAD = (
 
 # A value that is not null, in RESP.
 _VALUE = b"$%d\r\n%b\r\n"
+_RECORD = _RECORD_HEAD + _VALUE
+
+
+def blpop_reply(record: Record) -> Reply:
+    """BLPOP's reply: record_reply's bytes in one formatting, not eight items encoded one
+    by one (a null value's spelling depends on the protocol: that one goes as the list)."""
+    value = record.value
+    if value is None:
+        return record_reply(record)
+    topic = record.topic.encode()
+    fields = (len(topic), topic, record.partition, record.offset, len(value), value)
+    return Encoded(_RECORD % fields)
+
+
 # BLMPOP's reply up to its records: [key, [...]].
 _BATCH_HEAD = b"*2\r\n$%d\r\n%b\r\n*%d\r\n"
 
@@ -267,7 +281,7 @@ def _consume(
         if count is None:
             ready = consumer.next_ready()
             if ready is not None:
-                return record_reply(ready)
+                return blpop_reply(ready)
         else:
             batch = consumer.take_ready(count)
             if batch:
@@ -370,7 +384,7 @@ async def _next(
     if not got:
         return NULL_ARRAY
     if isinstance(got, Record):
-        return record_reply(got)
+        return blpop_reply(got)
     return batch_reply(key, got, session.protocol)
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from backends.base import Record, RecordBatch
-from gateway.commands.consume import batch_reply, record_reply
+from gateway.commands.consume import batch_reply, blpop_reply, record_reply
 from gateway.resp import encode
 from gateway.runner import ServerThread
 from tests.support.fixtures import GatewayConfig
@@ -295,3 +295,15 @@ def test_a_batch_is_encoded_as_the_list_of_blpop_records_would_be(
     columns = RecordBatch.of(records + records)[len(records) :]
     assert encode(batch_reply(key, columns, protocol), protocol) == expected
     assert encode(batch_reply(key, [], protocol), protocol) == encode([key, []], protocol)
+
+
+@pytest.mark.parametrize("protocol", [2, 3])
+def test_a_blpop_record_is_encoded_as_its_list_would_be(protocol: int) -> None:
+    """BLPOP formats its record at once: the bytes of the generic encoder for the list,
+    whatever the topic's name, and with a null value too."""
+    for record in (
+        Record("100%_%d café", 3, 2**40, None, b"v\r\n%d", 5),
+        Record("t", 0, 0, b"key", b"", None),
+        Record("t", 1, 7, None, None, None),
+    ):
+        assert encode(blpop_reply(record), protocol) == encode(record_reply(record), protocol)
