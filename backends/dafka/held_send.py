@@ -28,10 +28,10 @@ class Send(Protocol):
 
 
 @functools.cache
-def _zmq_send() -> Callable[[ctypes.c_void_p, bytes, int, int], int] | None:
-    """libzmq's `zmq_send`, the library pyzmq loaded, called without releasing the GIL
+def libzmq() -> ctypes.PyDLL | None:
+    """The libzmq pyzmq loaded, its functions called without releasing the GIL
     (`ctypes.PyDLL`); None where it cannot be found (only Linux's /proc/self/maps is
-    read: elsewhere pyzmq's send serves)."""
+    read: elsewhere pyzmq's own calls serve)."""
     try:
         with open("/proc/self/maps") as maps:
             paths = {
@@ -46,8 +46,16 @@ def _zmq_send() -> Callable[[ctypes.c_void_p, bytes, int, int], int] | None:
     try:
         # use_errno: ctypes keeps the call's errno for get_errno(); zmq_errno() read after
         # the call returns may see another one (Python ran in between: a signal handler).
-        library = ctypes.PyDLL(paths.pop(), use_errno=True)
+        return ctypes.PyDLL(paths.pop(), use_errno=True)
     except OSError:
+        return None
+
+
+@functools.cache
+def _zmq_send() -> Callable[[ctypes.c_void_p, bytes, int, int], int] | None:
+    """libzmq's `zmq_send`, called without releasing the GIL (None: see `libzmq`)."""
+    library = libzmq()
+    if library is None:
         return None
     send = library.zmq_send
     send.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int]

@@ -44,6 +44,7 @@ from backends.dafka import proto
 from backends.dafka.beacon import Beacon, apply_events, new_subscribers, now_ms
 from backends.dafka.config import Config
 from backends.dafka.heads_schedule import HeadsSchedule
+from backends.dafka.held_recv import HELD_UP_TO, held_receiver, pyzmq_receiver
 from backends.dafka.node import Node
 from backends.dafka.producer import check_topic
 
@@ -215,8 +216,20 @@ class _Actor:
         self.head_events: dict[_Partition, int] = {}  # where each one's is in `events`
         self.fetching: set[_Cursor] = set()
         self.heads = HeadsSchedule(owner._heads_interval)
+        # Most of what reaches a gateway's reader is the copies of its own records, a few
+        # at a time, read while its event loop wants the GIL: received keeping it, the
+        # first HELD_UP_TO messages of a drain (`held_recv.py`).
+        self.held = held_receiver(sub)
+        self.receive = pyzmq_receiver(sub)
 
     def loop(self, pipe: zmq.Socket) -> None:
+        try:
+            self._serve(pipe)
+        finally:
+            if self.held is not None:
+                self.held.close()
+
+    def _serve(self, pipe: zmq.Socket) -> None:
         beacon = self.beacon
         poller = zmq.Poller()
         for sock in (pipe, self.sub, self.xpub, beacon.socket):
@@ -387,15 +400,13 @@ class _Actor:
     # -- incoming -----------------------------------------------------------------------
 
     def _drain(self) -> bool:
-        recv = self.sub.recv
-        for _ in range(_BATCH):
-            try:
-                frame = recv(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
+        take = self.receive if self.held is None else self.held.take
+        for taken in range(_BATCH):
+            if taken == HELD_UP_TO:  # a bulk of FETCH answers: pyzmq's cheaper receive
+                take = self.receive
+            frames = take()
+            if frames is None:
                 return False
-            frames = [frame.bytes]
-            if frame.more:
-                frames.append(recv())
             try:
                 msg = proto.decode(frames)
             except proto.MalformedMessage:
