@@ -95,7 +95,16 @@ def _failed() -> None:
 
 
 def pyzmq_receiver(socket: zmq.Socket) -> Receive:
-    """`HeldReceiver.take` through pyzmq's receive, which gives the GIL up per frame."""
+    """`HeldReceiver.take` through pyzmq's receive, which gives the GIL up per frame (the
+    store writer's receive, and the reader's past HELD_UP_TO).
+
+    The first frame comes as a zero-copy Frame, which knows `more` itself; the second as
+    bytes, whose `more` nobody asks: a getsockopt(RCVMORE) costs 0.9 µs, a second Frame
+    0.7 µs, and a 2-frame message took 1.5 µs that way against 0.8 µs. A malformed message
+    with a third frame is read on as messages of its own, each dropped or taken as any
+    message its sender could have sent: ZeroMQ hands a message over whole, so no other
+    peer's frames come between.
+    """
     recv = socket.recv
 
     def take() -> list[bytes] | None:
