@@ -39,6 +39,13 @@ def pair(context: zmq.Context) -> tuple[zmq.Socket, zmq.Socket]:
     return sending, receiving
 
 
+@pytest.fixture(params=list(SENDERS.values()), ids=list(SENDERS))
+def send(request: pytest.FixtureRequest, pair: tuple[zmq.Socket, zmq.Socket]) -> Send:
+    """Each sender on the pair's sending end."""
+    sender: Sender = request.param
+    return sender(pair[0])
+
+
 def test_libzmq_is_reached_on_linux() -> None:
     """Else every test below would run pyzmq's calls twice, and neither the actor nor the
     reader ever keeps the GIL."""
@@ -47,12 +54,10 @@ def test_libzmq_is_reached_on_linux() -> None:
         assert _zmq_send() is not None
 
 
-@pytest.mark.parametrize("sender", SENDERS.values(), ids=SENDERS.keys())
 def test_multipart_messages_arrive_whole_and_in_order(
-    sender: Sender, pair: tuple[zmq.Socket, zmq.Socket]
+    send: Send, pair: tuple[zmq.Socket, zmq.Socket]
 ) -> None:
-    sending, receiving = pair
-    send = sender(sending)
+    receiving = pair[1]
     messages = [[b"RECORD-%d" % n, b"x" * n] for n in range(300)] + [[b"", b"\0\r\n"]]
     for header, content in messages:
         send(header, zmq.SNDMORE)
@@ -61,12 +66,10 @@ def test_multipart_messages_arrive_whole_and_in_order(
     assert got == messages
 
 
-@pytest.mark.parametrize("sender", SENDERS.values(), ids=SENDERS.keys())
 def test_buffers_other_than_bytes_are_sent_too(
-    sender: Sender, pair: tuple[zmq.Socket, zmq.Socket]
+    send: Send, pair: tuple[zmq.Socket, zmq.Socket]
 ) -> None:
-    sending, receiving = pair
-    send = sender(sending)
+    receiving = pair[1]
     send(memoryview(b"from a memoryview"), zmq.SNDMORE)  # type: ignore[arg-type]
     send(bytearray(b"from a bytearray"))  # type: ignore[arg-type]
     assert receiving.recv_multipart() == [b"from a memoryview", b"from a bytearray"]
@@ -96,6 +99,13 @@ def held(socket: zmq.Socket) -> Receive:
 RECEIVERS: dict[str, Receiver] = {"held": held, "pyzmq": pyzmq_receiver}
 
 
+@pytest.fixture(params=list(RECEIVERS.values()), ids=list(RECEIVERS))
+def take(request: pytest.FixtureRequest, pair: tuple[zmq.Socket, zmq.Socket]) -> Receive:
+    """Each receiver on the pair's receiving end."""
+    receiver: Receiver = request.param
+    return receiver(pair[1])
+
+
 def take_all(take: Receive, count: int) -> list[list[bytes]]:
     """`count` messages, waiting (with a bound) for them to arrive."""
     got: list[list[bytes]] = []
@@ -109,12 +119,10 @@ def take_all(take: Receive, count: int) -> list[list[bytes]]:
     return got
 
 
-@pytest.mark.parametrize("receiver", RECEIVERS.values(), ids=RECEIVERS.keys())
 def test_messages_of_one_and_two_frames_arrive_whole_and_in_order(
-    receiver: Receiver, pair: tuple[zmq.Socket, zmq.Socket]
+    take: Receive, pair: tuple[zmq.Socket, zmq.Socket]
 ) -> None:
-    sending, receiving = pair
-    take = receiver(receiving)
+    sending = pair[0]
     assert take() is None, "nothing is waiting"
     messages = [[b"RECORD-%d" % n, b"x" * n] for n in range(300)]
     messages += [[b"HEAD"], [b"", b"\0\r\n"], [b"big", bytes(range(256)) * 4096], [b""]]
@@ -124,14 +132,13 @@ def test_messages_of_one_and_two_frames_arrive_whole_and_in_order(
     assert take() is None, "nothing more"
 
 
-@pytest.mark.parametrize("receiver", RECEIVERS.values(), ids=RECEIVERS.keys())
 def test_frames_beyond_the_second_are_read_as_messages_of_their_own(
-    receiver: Receiver, pair: tuple[zmq.Socket, zmq.Socket]
+    take: Receive, pair: tuple[zmq.Socket, zmq.Socket]
 ) -> None:
-    sending, receiving = pair
+    sending = pair[0]
     sending.send_multipart([b"header", b"content", b"third", b"fourth", b"fifth"])
     sending.send_multipart([b"next"])
-    got = take_all(receiver(receiving), 4)
+    got = take_all(take, 4)
     assert got == [[b"header", b"content"], [b"third", b"fourth"], [b"fifth"], [b"next"]]
 
 
