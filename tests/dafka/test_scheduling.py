@@ -16,6 +16,7 @@ from backends.dafka.config import Config
 from backends.dafka.scheduling import SETTING, io_threads_as_batch, run_as_batch
 from tests.dafka.test_engine import engine_on, network, run
 from tests.support.rafka_process import RafkaProcess
+from tests.support.waiting import wait_until
 
 __all__ = ["network"]  # the fixture, used by name
 
@@ -63,8 +64,17 @@ def test_zmq_io_threads_start_as_batch_only_when_asked() -> None:
         before = set(threads(os.getpid()))
         sock = context.socket(zmq.PAIR)  # the context's threads start with its first socket
         sock.close()
-        new = {tid: name for tid, name in threads(os.getpid()).items() if tid not in before}
-        return {tid: policy(tid) for tid, name in new.items() if name.startswith("ZMQbg/IO")}
+
+        def started() -> dict[int, int]:
+            # An I/O thread takes its policy, then its name, once it runs: named, it is set.
+            new = threads(os.getpid()).items()
+            return {
+                tid: policy(tid)
+                for tid, name in new
+                if tid not in before and name.startswith("ZMQbg/IO")
+            }
+
+        return wait_until(started, 10, "the context's I/O threads to start")
 
     asked = zmq.Context()
     plain = zmq.Context()
