@@ -270,11 +270,42 @@ def _split_header(frame1: bytes) -> tuple[int, bytes, int]:
     return mid, frame1[1:nul], nul + 2
 
 
+def _record_fields(frames: Sequence[bytes]) -> tuple[int, bytes, str, str, int, bytes] | None:
+    """(id, routing topic, address, subject, sequence, content) of a well-formed
+    RECORD/DIRECT_RECORD, read in one go; None for anything else, which `decode()` then
+    judges field by field (and names what is wrong)."""
+    try:
+        frame1 = frames[0]
+        mid = frame1[0]
+        nul = frame1.index(b"\0", 1)
+        if mid not in _WITH_CONTENT or frame1[nul + 1] != VERSION:
+            return None
+        a_end = nul + 3 + frame1[nul + 2]
+        s_end = a_end + 1 + frame1[a_end]
+        if s_end + 8 > len(frame1):
+            return None
+        return (
+            mid,
+            frame1[1:nul],
+            frame1[nul + 3 : a_end].decode(),
+            frame1[a_end + 1 : s_end].decode(),
+            _U64.unpack_from(frame1, s_end)[0],
+            frames[1],
+        )
+    except (IndexError, ValueError):  # ValueError: no NUL, or not UTF-8
+        return None
+
+
 def decode(frames: Sequence[bytes]) -> Message:
     """The message in `frames` (frame 1 and, for records, frame 2). Trailing bytes after the
     last field are ignored, as in C. Raises MalformedMessage on anything else."""
     if not frames:
         raise MalformedMessage("no frames")
+    # Most messages a reader gets: the fast path is a quarter of the checks below (2.2 us).
+    record = _record_fields(frames) if type(frames[0]) is bytes else None
+    if record is not None:
+        mid, topic, address, subject, sequence, content = record
+        return Message(mid, topic, address, subject, sequence, 0, [], bytes(content))
     frame1 = bytes(frames[0])
     mid, topic, pos = _split_header(frame1)
     name = NAMES[mid]
@@ -327,24 +358,9 @@ def decode_record(frames: Sequence[bytes]) -> tuple[int, bytes, str, str, int, b
 
     Raises MalformedMessage for any other message or a malformed one.
     """
-    try:
-        frame1 = frames[0]
-        mid = frame1[0]
-        nul = frame1.index(b"\0", 1)
-        if mid in _WITH_CONTENT and frame1[nul + 1] == VERSION:
-            a_end = nul + 3 + frame1[nul + 2]
-            s_end = a_end + 1 + frame1[a_end]
-            if s_end + 8 <= len(frame1):
-                return (
-                    mid,
-                    frame1[1:nul],
-                    frame1[nul + 3 : a_end].decode(),
-                    frame1[a_end + 1 : s_end].decode(),
-                    _U64.unpack_from(frame1, s_end)[0],
-                    frames[1],
-                )
-    except (IndexError, ValueError):
-        pass
+    record = _record_fields(frames)
+    if record is not None:
+        return record
     # Not a well-formed record: the full decoder names the problem precisely.
     msg = decode(frames)
     if msg.id not in _WITH_CONTENT:

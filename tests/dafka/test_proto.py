@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 import pytest
 
@@ -268,6 +269,36 @@ def test_decode_record_fast_path() -> None:
         proto.decode_record([WORKED[0][1][0][:-1], b"HI"])
     with pytest.raises(MalformedMessage, match="version 0"):
         proto.decode_record([b"Mt\x00\x00", b""])
+
+
+@pytest.mark.parametrize(
+    ("frame1", "reason"),
+    [
+        (b"Dt", "no NUL"),
+        (b"Dt\x00", "version byte"),
+        (b"Dt\x00\x01", "address length"),
+        (b"Dt\x00\x01\x05ab", "address needs 5 bytes"),
+        (b"Dt\x00\x01\x01a", "subject length"),
+        (b"Dt\x00\x01\x01a\x01t" + SEQ5[:7], "sequence needs 8 bytes"),
+        (b"Dt\x00\x01\x01\xff\x01t" + SEQ5, "address is not valid UTF-8"),
+        (b"Mt\x00\x01\x01a\x01\xfe" + SEQ5, "subject is not valid UTF-8"),
+    ],
+)
+def test_malformed_records_with_content_are_named_as_without_the_fast_path(
+    frame1: bytes, reason: str
+) -> None:
+    """decode() reads a record in one go; what that cannot read goes field by field."""
+    with pytest.raises(MalformedMessage, match=reason):
+        proto.decode([frame1, b"content"])
+
+
+def test_records_decode_alike_on_either_path() -> None:
+    record = Message(proto.DIRECT_RECORD, b"t", address="ä", subject="ö", sequence=9, content=b"c")
+    frames = proto.encode(record)
+    assert proto.decode(frames) == record  # the fast path
+    assert proto.decode([frames[0] + b"junk", frames[1]]) == record  # ignored, as in C
+    views: list[Any] = [bytearray(frames[0]), memoryview(frames[1])]  # as libzmq's buffers
+    assert proto.decode(views) == record  # field by field
 
 
 def test_decode_ack_fast_path_reads_what_decode_reads_or_leaves_it_to_decode() -> None:
