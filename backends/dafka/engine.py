@@ -210,7 +210,9 @@ class DafkaEngine(Engine):
             self.progress, stats, self.send_took, self._note_stored, self.published
         )
         self._by_address: dict[tuple[str, str], PartitionWriter] = {}
-        self._writable: set[str] = set()  # topics checked for produce
+        # Topics checked for produce, with their partition count (until the catalog says
+        # otherwise): a pass over 1,000 topics looks each one up once per record.
+        self._produce_counts: dict[str, int] = {}
         self._groups: dict[str, Group] = {}
         self._reader: Reader | None = None
         self._readers_of: dict[str, set[Group]] = {}  # topic -> groups reading it
@@ -363,16 +365,18 @@ class DafkaEngine(Engine):
     def writer_for(self, topic: str, key: bytes | None) -> PartitionWriter:
         """The writer of the partition a record of `topic` with `key` goes to; raises
         ProduceError for a topic that cannot be written (checked once per topic)."""
-        if topic not in self._writable:
+        count = self._produce_counts.get(topic)
+        if count is None:
             try:
                 check_topic(topic)
             except ValueError:
                 raise ProduceError(INVALID_TOPIC) from None
             if topic.startswith(INTERNAL_PREFIX):
                 raise ProduceError(INVALID_TOPIC)  # commits must not be forged
-            self._writable.add(topic)
-        count = self.partition_count(topic)
-        number = self.settings.node * count + self._partitioner(key, count)
+            count = self._produce_counts[topic] = self.partition_count(topic)
+        number = self.settings.node * count
+        if count > 1:
+            number += self._partitioner(key, count)
         return self.writer(topic, number)
 
     def writer_this_pass(self, topic: str, key: bytes | None) -> PartitionWriter:
@@ -601,6 +605,7 @@ class DafkaEngine(Engine):
         entry = self.catalog.apply(content)
         if entry is None:
             return
+        self._produce_counts.pop(entry.topic, None)  # created or deleted: counted again
         if entry.deleted:
             forgotten = self.offsets.forget(entry.topic, entry.unix_ms)
             for group in list(self._groups.values()):

@@ -87,6 +87,32 @@ def test_created_partitions_are_used_by_running_and_new_gateways(
     run(body())
 
 
+def test_a_topic_deleted_and_created_again_is_written_with_its_new_count(
+    network: tuple[Config, Store],
+) -> None:
+    """A gateway that produced to a topic before (under the settings' count) spreads its
+    records over the count the topic is created with after its deletion."""
+    config, _ = network
+
+    async def body() -> None:
+        async with admin_on(config) as admin, engine_on(config, partitions=1) as engine:
+            await produce_keys(engine, "phoenix", 3)
+            await admin.delete_topic("phoenix")
+            await admin.create_topic("phoenix", 3, {})
+            await wait_until_async(
+                lambda: engine.partition_count("phoenix") == 3,
+                WAIT,
+                "the gateway did not follow the catalog",
+            )
+            await produce_keys(engine, "phoenix", 30)
+            member = await engine.consumer("g", "m", ["phoenix"], {})
+            records = await take(member, 30)
+            await member.close()
+        assert {record.partition for record in records} == {0, 1, 2}
+
+    run(body())
+
+
 def test_describe_shows_offsets_retention_and_group_lag(network: tuple[Config, Store]) -> None:
     config, _ = network
 
