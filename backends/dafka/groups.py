@@ -194,16 +194,22 @@ class Group:
         by_topic: dict[str, list[_Partition]] = {}
         for part in self.parts.values():
             by_topic.setdefault(part.topic, []).append(part)
+        rewound: list[tuple[_Partition, int]] = []
         for topic, parts in by_topic.items():
             members = members_of.get(topic, [])
             for index, part in enumerate(sorted(parts, key=lambda p: p.number)):
                 owner = members[index % len(members)] if members else None
                 if owner is not part.owner:
-                    self._reassign(part, owner)
+                    self._reassign(part, owner, rewound)
         for member in self.members:
             member.wake()
+        self._log_rewound(rewound)
 
-    def _reassign(self, part: _Partition, owner: Member | None) -> None:
+    def _reassign(
+        self, part: _Partition, owner: Member | None, rewound: list[tuple[_Partition, int]]
+    ) -> None:
+        """Give `part` to `owner` (None: nobody reads its topic now); records handed out
+        and not acked go again to whoever owns it next: (part, count) onto `rewound`."""
         previous = part.owner
         part.owner = owner
         if previous is not None:
@@ -211,15 +217,20 @@ class Group:
         if owner is not None:
             owner.own(part)
         if part.started and part.position > part.acked:
-            # Handed out and not acked: the new owner gets them again.
-            log.info(
-                "partition reassigned, unacked records delivered again",
-                group=self.name,
-                topic=part.topic,
-                partition=part.number,
-                records=part.position - part.acked,
-            )
+            rewound.append((part, part.position - part.acked))
             self._start(part, part.acked)
+
+    def _log_rewound(self, rewound: list[tuple[_Partition, int]]) -> None:
+        """One line for a rebalance, not one per partition: a member of 1,000 topics that
+        left wrote 1,000."""
+        if rewound:
+            log.info(
+                "partitions reassigned, unacked records delivered again",
+                group=self.name,
+                partitions=len(rewound),
+                records=sum(count for _, count in rewound),
+                first=[f"{part.topic}:{part.number}" for part, _ in rewound[:3]],
+            )
 
     def _part(self, topic: str, address: str) -> _Partition | None:
         part = self.parts.get((topic, address))
@@ -244,7 +255,7 @@ class Group:
             self._rebalance()
             return
         if members:
-            self._reassign(part, members[0])
+            self._reassign(part, members[0], [])  # found just now: nothing handed out
             members[0].wake()
 
     # --- events from the reader (loop thread) -----------------------------------------

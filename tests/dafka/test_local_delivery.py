@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
+import structlog
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
@@ -161,6 +162,33 @@ def test_a_partition_moved_while_records_came_in_process_redelivers_from_the_ack
         process (they are the partition's next)."""
         [part] = engine._groups["g"].parts.values()
         return part.expected == 7
+
+    run(body())
+
+
+def test_a_member_leaving_many_partitions_unacked_is_one_log_line(network: Config) -> None:
+    """Its partitions go to the member left, each from its last ack (at least once), and
+    the operator reads one line for the rebalance, not one per partition."""
+    topics = [f"t{n}" for n in range(5)]
+
+    async def body() -> None:
+        async with engine_on(network, partitions=1) as engine:
+            first = await engine.consumer("g", "c1", topics, {})
+            second = await engine.consumer("g", "c2", topics, {})
+            producer = engine.producer("s1")
+            for topic in topics:
+                producer.produce_many(topic, None, [topic.encode()])
+            taken = await take(first, len(topics), ack=False)  # the first joined owns all
+            with structlog.testing.capture_logs() as logs:
+                await first.close()
+            again = await take(second, len(topics))
+            assert (
+                {r.value for r in again} == {r.value for r in taken} == {t.encode() for t in topics}
+            )
+            await second.close()
+        moved = [line for line in logs if "reassigned" in line["event"]]
+        assert len(moved) == 1, moved
+        assert (moved[0]["partitions"], moved[0]["records"]) == (5, 5), moved[0]
 
     run(body())
 
