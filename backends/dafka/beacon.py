@@ -151,9 +151,6 @@ class Beacon:
         self.port = -1
         self.peers: dict[str, int] = {}  # endpoint -> expiry (now_ms clock)
         self.senders: dict[str, str] = {}  # sender uuid -> its last announced endpoint
-        # Peers known to be gone for good (`forget`): their late announcements are
-        # ignored. One per actor of the owner's process that died: a handful.
-        self._gone: set[str] = set()
         self._next_announce: int | None = None
         self._next_reap = now_ms() + REAP_INTERVAL_MS
         self._pending: list[Event] = []  # events read by wait_ready, handed out by tick
@@ -209,18 +206,6 @@ class Beacon:
                     events.append((DISCONNECT, endpoint))
         return events
 
-    def forget(self, sender: str) -> list[Event]:
-        """`sender` is gone for good, which the owner knows before the tower can say so
-        (an actor of its own process that died): the DISCONNECT from the endpoint it
-        announced, if connected, and its announcements still on their way are ignored,
-        so that it is never connected again. Another node announcing that endpoint later
-        (a port used again) is connected as a new peer."""
-        self._gone.add(sender)
-        endpoint = self.senders.pop(sender, None)
-        if endpoint is None or self.peers.pop(endpoint, None) is None:
-            return []
-        return [(DISCONNECT, endpoint)]
-
     def next_deadline_ms(self) -> int:
         """When `tick` next has work (now_ms clock); now if events are waiting."""
         if self._pending:
@@ -274,7 +259,7 @@ class Beacon:
             return None
         if not endpoint.startswith("tcp://"):
             return None
-        if (self._ignore is not None and self._ignore(sender)) or sender in self._gone:
+        if self._ignore is not None and self._ignore(sender):
             return None
         self.senders[sender] = endpoint
         known = endpoint in self.peers

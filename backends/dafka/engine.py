@@ -262,7 +262,12 @@ class DafkaEngine(Engine):
                 asyncio.to_thread(
                     Observer, self.dafka_config, settle=self.settle, on_head=self._head_thread
                 ),
-                asyncio.to_thread(Reader, self.dafka_config, self._sink_thread),
+                asyncio.to_thread(
+                    Reader,
+                    self.dafka_config,
+                    self._sink_thread,
+                    ignore_peers=self._writer_node.made,
+                ),
             )
             self._observer = observer
             await asyncio.to_thread(
@@ -400,11 +405,16 @@ class DafkaEngine(Engine):
 
     def _not_a_writer_peer(self, address: str) -> bool:
         """Nodes the writers' actor does not connect to (its beacon's thread): other
-        gateways' writers and this gateway's observer. Neither sends ACK or FETCH, and
+        gateways' writers, this gateway's observer and its reader (which does not connect
+        to the actor: its FETCHes are for the stores). None sends ACK or FETCH to it, and
         connected, every node's XPUB keeps and reports the actor's two subscriptions per
         partition (4,000 partitions: ~13 MiB in the observer's alone)."""
-        observer = self._observer
-        return is_own_address(address) or (observer is not None and address == observer.address)
+        observer, reader = self._observer, self._reader
+        return (
+            is_own_address(address)
+            or (observer is not None and address == observer.address)
+            or (reader is not None and address == reader.address)
+        )
 
     def running_publisher(self) -> Publisher | None:
         """That actor if it runs now, without waiting (loop thread)."""
@@ -418,7 +428,10 @@ class DafkaEngine(Engine):
         return writer
 
     def _note_stored(self, heads: list[tuple[str, str, int]]) -> None:
+        """The stores hold this gateway's partitions up to these heads: the observer's
+        tables, and the reader's, which does not hear this gateway's writers."""
         self.observer.note_stored_many(heads)
+        self.reader.stored_heads(heads)
 
     def _head_thread(self, topic: str, address: str, head: int) -> None:
         if self.settings.acks == "all" and (topic, address) in self._by_address:
@@ -503,17 +516,9 @@ class DafkaEngine(Engine):
     def writer_failed(self, topic: str, address: str) -> None:
         """This gateway's writer of `address` failed: what it handed over may never reach
         a store, and the writer that replaces it writes new records at those offsets. The
-        groups reading `topic` here restart the partition where the stores hold it.
-
-        When the writers' actor died, copies of its records may still be on their way
-        to the reader (over TCP, or in its SUB): at the address and offsets the
-        replacement writes, they would pass for its records once the partition
-        restarts. The reader drops them first (`Reader.peer_gone`: its commands run in
-        order, the restarts' after this one)."""
-        writer = self._by_address.get((topic, address))
-        publisher = None if writer is None else writer.publisher
-        if publisher is not None and not publisher.usable and self._reader is not None:
-            self._reader.peer_gone(publisher.address)
+        groups reading `topic` here restart the partition where the stores hold it. (The
+        reader never connects to the writers' actor: no copy of a lost record can reach
+        it and pass for the replacement's record at its offset.)"""
         for group in self._readers_of.get(topic, ()):
             group.writer_failed(topic, address)
 
@@ -539,8 +544,7 @@ class DafkaEngine(Engine):
     def send_took(self) -> None:
         """The takes noted since the last call, to the reader. Right after the records
         were handed to the writers' actor, so that the reader hears of them before their
-        copies reach it (it reads its commands first): copies that come first are
-        delivered, and dropped here, as before."""
+        heads (`stored_heads`, from their ACKs) and does not fetch them from the stores."""
         took, self._took = self._took, []
         if took and self._reader is not None:
             self._reader.took(took)

@@ -275,9 +275,9 @@ class Group:
             return  # delivered before a rewind
         if seq != part.expected:
             if seq < part.expected:
-                # The reader's copy of a record taken in process, delivered before the
-                # reader heard of that (`Reader.took`): the credit both spent once, at
-                # the take here and for this copy there.
+                # A record taken in process that the reader fetched before it heard of
+                # the take (`Reader.took`): the credit both spent once, at the take here
+                # and for this answer there.
                 return
             part.credit -= 1
             if not (part.expected == part.position == part.acked and seq > part.expected):
@@ -296,8 +296,7 @@ class Group:
         reader has not spent yet, are buffered now, with no thread or network hop (see
         docs/dafka-engine.md, "Latency"). They spend the credit here, and the reader is
         told (`Reader.took`, once per loop pass for every partition: `engine.took`), so
-        that it moves the partition's position past them and drops its copies as it
-        drops a second answer, instead of handing every one back to this loop."""
+        that it moves the partition's position past them and does not fetch them."""
         part = self.parts.get((topic, address))
         if part is None or not part.started:
             return  # the reader finds the partition and starts it

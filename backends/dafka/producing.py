@@ -66,6 +66,7 @@ class WriterNode:
         self._lock = threading.Lock()
         self._publisher: Publisher | None = None
         self._closed = False
+        self._addresses: set[str] = set()  # of every actor made, before it started
 
     def running(self) -> Publisher | None:
         """The actor if one runs and takes partitions now, without waiting (the loop's
@@ -87,10 +88,17 @@ class WriterNode:
                 if publisher is not None:
                     publisher.close(0)
                 # Marked as a gateway's: the other gateways' writers do not connect to it.
+                address = publisher_address()
+                self._addresses.add(address)
                 publisher = self._publisher = Publisher(
-                    self._config(), address=publisher_address(), ignore_peers=self._ignore_peers
+                    self._config(), address=address, ignore_peers=self._ignore_peers
                 )
             return publisher
+
+    def made(self, address: str) -> bool:
+        """Whether `address` is one of the actors made here, running or not (any thread:
+        known before the actor's beacon is heard)."""
+        return address in self._addresses
 
     def close(self, timeout: float) -> int:
         """Blocking: wait up to `timeout` for ACKs, stop; the records left unacknowledged.

@@ -106,8 +106,12 @@ class Reader(Node):
         config: Config,
         sink: Callable[[list[Event]], None],
         context: zmq.Context | None = None,
+        ignore_peers: Callable[[str], bool] | None = None,
     ) -> None:
+        """`ignore_peers(address)`: the nodes never connected to (a gateway's own writers,
+        whose records its groups take in process: `stored_heads`)."""
         self._sink = sink
+        self._ignore_peers = ignore_peers
         self._retry = max(10, config.get_int("consumer/fetch_retry_interval", 500))
         self._heads_interval = config.get_int("consumer/heads_interval")
         self._commands: collections.deque[tuple[str, tuple[Any, ...]]] = collections.deque()
@@ -152,30 +156,28 @@ class Reader(Node):
         """The owner took records of these cursors' partitions elsewhere (a gateway's
         groups take the records it writes in process): for each `(cursor, end, count,
         generation)`, the `count` records before `end`, spending their credit. The
-        cursor moves past them (if `generation` is still its own), so that the copies
-        that reach the reader are dropped as a second answer is, not delivered to the
-        owner; those that reached it before this command were delivered, and are not
-        spent twice.
+        cursor moves past them (if `generation` is still its own), so that it does not
+        fetch them, and drops a stores' answer for them as a second answer; one that
+        reached it before this command was delivered (the owner drops it by offset), and
+        its credit is not spent twice.
 
-        Queued without waking the reader: the copies of these records wake it (on their
-        way already), and it reads its commands first, so it mostly hears of the takes
-        before their copies (copies read in the pass under way when this is queued are
-        delivered first, as above). Otherwise the next wake-up for anything, at most a
-        second later, runs it. A wake-up per hand-over cost the event loop a zmq send and
-        the GIL back from the woken reader, ~2,000 a second at 10,000 records/s."""
+        Queued without waking the reader: the heads the ACKs of these records bring
+        (`stored_heads`, right behind) wake it, and it runs its commands in order.
+        Otherwise the next wake-up for anything, at most a second later, runs it. A
+        wake-up per hand-over cost the event loop a zmq send and the GIL back from the
+        woken reader, ~2,000 a second at 10,000 records/s."""
         self._command("took", takes, wake=False)
 
     def drop(self, cursor: Hashable) -> None:
         self._command("drop", cursor)
 
-    def peer_gone(self, address: str) -> None:
-        """The node `address` is gone for good: an actor of this process that died (the
-        gateway's writers'). What it sent and the reader has not read yet is dropped,
-        unread, and it is never connected again: a command given after this one (a
-        cursor restarted where the stores' records end) never meets its records. The
-        writer replacing it writes other records at the same address and offsets, and
-        nothing in a record tells the two apart."""
-        self._command("gone", address)
+    def stored_heads(self, heads: list[tuple[str, str, int]]) -> None:
+        """A store holds these partitions up to `head`: for each `(topic, address,
+        head)`, as if a HEAD had come. The gateway's own writers are peers the reader
+        does not connect to (`ignore_peers`): their records reach its groups in process,
+        and what a group had no room for is fetched from the stores once they hold it,
+        which these heads (from the writers' ACKs) tell."""
+        self._command("stored", heads)
 
     def _command(self, name: str, *args: Any, wake: bool = True) -> None:
         """Queue a command; wake the reader for it unless `wake` is False (it is read at
@@ -216,9 +218,9 @@ class _Actor:
         self.head_events: dict[_Partition, int] = {}  # where each one's is in `events`
         self.fetching: set[_Cursor] = set()
         self.heads = HeadsSchedule(owner._heads_interval)
-        # Most of what reaches a gateway's reader is the copies of its own records, a few
-        # at a time, read while its event loop wants the GIL: received keeping it, the
-        # first HELD_UP_TO messages of a drain (`held_recv.py`).
+        # Much of what reaches a gateway's reader comes a few messages at a time, read
+        # while its event loop wants the GIL: received keeping it, the first HELD_UP_TO
+        # messages of a drain (`held_recv.py`).
         self.held = held_receiver(sub)
         self.receive = pyzmq_receiver(sub)
 
@@ -353,7 +355,7 @@ class _Actor:
         for key, end, count, generation in takes:
             cursor = cursors.get(key)
             if cursor is None or cursor.generation != generation or cursor.next >= end:
-                continue  # dropped, restarted since, or its copies came first
+                continue  # dropped, restarted since, or the stores' answers came first
             # The owner took `count` records before `end`, all it had not got from here
             # (its next record was ours): anything below `end - count` it had from us.
             cursor.credit -= end - max(cursor.next, end - count)
@@ -371,19 +373,15 @@ class _Actor:
                 now = now_ms()
             self._pump(cursor, now)
 
-    def _cmd_gone(self, address: str) -> None:
-        events = self.beacon.forget(address)
-        if not events:
-            return  # never connected, or forgotten already
-        # The poll before the commands may have read a message's first frame ahead
-        # (a SUB does, to match it), and libzmq aborts the process when the pipe of a
-        # message half read goes away: read what is here first, as if it came before
-        # this command (copies of records the groups restart from are then stale by
-        # their generation), and the rest of a message cut short by _drain's bound.
-        self._drain()
-        while self.sub.rcvmore:
-            self.sub.recv()
-        apply_events(events, self.sub)  # what the peer sent and is not read is dropped
+    def _cmd_stored(self, heads: list[tuple[str, str, int]]) -> None:
+        parts, subjects = self.parts, self.subjects
+        for topic, address, head in heads:
+            part = parts.get((topic, address))
+            if part is None:
+                if topic not in subjects:
+                    continue  # not read here
+                part = self._part(topic, address)
+            self._on_head(part, head)
 
     def _cmd_drop(self, key: Hashable) -> None:
         cursor = self.cursors.pop(key, None)

@@ -136,26 +136,6 @@ def test_scenario_18_beacon_connect_disconnect_and_tower_substitution(
     assert endpoint == f"tcp://{own_ip()}:1000"  # inproc peer: the tower's own interface
 
 
-def test_a_forgotten_peer_is_disconnected_at_once_and_never_connected_again(
-    dafka_config: Config, tower: Tower, driver: Driver
-) -> None:
-    """An actor of the owner's process died: the owner disconnects it before the
-    tower's silence would (seconds), and its announcements still on their way do not
-    connect it again; another node on the same endpoint (its port used again) does."""
-    receiver = driver.add(dafka_config, "receiver")
-    dead = driver.add(dafka_config, "dead")
-    dead.start(1000)
-    endpoint = "tcp://127.0.0.1:1000"
-    driver.run_until(lambda: (CONNECT, endpoint) in driver.events["receiver"], 5, "no CONNECT")
-
-    assert receiver.forget("dead") == [(DISCONNECT, endpoint)]
-    assert receiver.forget("dead") == []  # once
-    assert "dead" not in receiver.senders and endpoint not in receiver.peers
-    assert receiver._on_beacon(b"dead", endpoint.encode()) is None  # a late announcement
-    assert endpoint not in receiver.peers
-    assert receiver._on_beacon(b"successor", endpoint.encode()) == (CONNECT, endpoint)
-
-
 def test_own_ip_is_an_interface_address() -> None:
     address = own_ip()
     assert re.fullmatch(r"\d+\.\d+\.\d+\.\d+", address)

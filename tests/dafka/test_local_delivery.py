@@ -6,7 +6,7 @@ whichever path a record came by first."""
 from __future__ import annotations
 
 import asyncio
-import threading
+from pathlib import Path
 
 import structlog
 import zmq
@@ -16,9 +16,9 @@ from backends.base import Producer, Record
 from backends.dafka.config import Config
 from backends.dafka.engine import DafkaEngine
 from backends.dafka.groups import Member
-from backends.dafka.reader import Event, Reader
 from backends.dafka.store import Store
 from backends.dafka.tower import Tower
+from tests.dafka.stores import other_db
 from tests.dafka.test_engine import WAIT, engine_on, network, run, take
 from tests.support.waiting import wait_until_async
 
@@ -290,104 +290,61 @@ def test_records_taken_from_a_writer_that_failed_give_way_to_its_replacements(
     run(body())
 
 
-class HeldReader:
-    """Holds the reader's thread in its next hand-over of events (its sink) until
-    `release()`: what peers send it meanwhile waits in its SUB, unread, and the commands
-    the engine gives it wait for it, so that the test orders the two as a loaded machine
-    may. (A test hook on the sink the reader is given, not a mock: the reader, its
-    sockets and its peers are the real ones.) `later` counts the hand-overs after the
-    release: the first one ends the reader's pass over what waited."""
-
-    def __init__(self, reader: Reader) -> None:
-        self._sink = reader._sink
-        self.held = threading.Event()
-        self._go = threading.Event()
-        self.later = 0
-        reader._sink = self._hold
-
-    def _hold(self, events: list[Event]) -> None:
-        if not self._go.is_set():
-            self.held.set()
-            self._go.wait(WAIT)
-            self._sink(events)
-        else:
-            self._sink(events)  # the engine's drain of these is queued on the loop ...
-            self.later += 1  # ... before the test sees this
-
-    def release(self) -> None:
-        self._go.set()
-
-
-def disconnected(monitor: zmq.Socket, endpoint: str) -> bool:
-    """Wait (bounded) until the monitored socket lost its connection to `endpoint`."""
-    while monitor.poll(int(WAIT * 1000)):
+def connected(monitor: zmq.Socket, seen: set[bytes], endpoint: bytes) -> bool:
+    """Wait (bounded) until the monitored socket connected to `endpoint`; every endpoint
+    it connected to meanwhile goes into `seen`."""
+    while endpoint not in seen and monitor.poll(int(WAIT * 1000)):
         event = recv_monitor_message(monitor)
-        if event["event"] == zmq.EVENT_DISCONNECTED and event["endpoint"] == endpoint.encode():
-            return True
-    return False
+        if event["event"] == zmq.EVENT_CONNECTED:
+            seen.add(event["endpoint"])
+    return endpoint in seen
 
 
-def test_copies_of_lost_records_still_on_their_way_never_reach_the_group(
-    dafka_config: Config, tower: Tower
+def test_a_group_without_room_gets_the_rest_from_the_stores_never_from_the_writer(
+    dafka_config: Config, tower: Tower, tmp_path: Path
 ) -> None:
-    """The flaky case of the test above, made certain: the records the dead actor sent
-    reach the reader only after the group restarted the partition (the reader is held
-    meanwhile). Same address, same offsets as the replacement's records: the group must
-    not take those copies as the replacement's records."""
+    """The reader never connects to its own gateway's writers: their records reach the
+    groups in process, and what a group had no room for is fetched from the stores once
+    they hold it (the writers' ACKs tell the reader the heads). Every record comes once,
+    in order; no copy of a record travels to the reader, and no copy of a lost record
+    can pass for its replacement's (test above)."""
     context: zmq.Context = zmq.Context.instance()
+    # The stores tell heads only when asked, and the reader asks only at subscribe:
+    # the heads of records written after that come from the writers' ACKs alone.
+    config = dafka_config.copy()
+    config.set("consumer/heads_interval", "0")
+    config.set("store/push_heads/interval", "0")
 
     async def body() -> None:
-        store = Store(dafka_config, context)
+        stores = [Store(config, context)]
         try:
-            async with engine_on(dafka_config, partitions=1) as engine:
-                member, producer = await stored_and_taken(engine, b"kept")
-                await asyncio.to_thread(store.close)
-                other = await engine.consumer("h", "c", ["u"], {})
-                reader = HeldReader(engine.reader)
-                engine.producer("s2").produce_many("u", None, [b"wakes the reader"])
-                assert await asyncio.to_thread(reader.held.wait, WAIT), (
-                    "the reader handed no events over (a record of topic u was produced)"
-                )
-                # The reader's thread waits in its sink: its SUB is ours to watch until
-                # the release, and the copies of lost-1 and lost-2 wait in it, unread.
-                monitor = engine.reader._sub.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+            async with engine_on(config, consume_batch=4, partitions=1) as engine:
+                monitor = engine.reader._sub.get_monitor_socket(zmq.EVENT_CONNECTED)
                 try:
-                    producer.produce_many("t", None, [b"lost-1", b"lost-2"])
-                    taken = await take(member, 2)  # in process
-                    assert [(r.offset, r.value) for r in taken] == [
-                        (1, b"lost-1"),
-                        (2, b"lost-2"),
-                    ]
-                    publisher = engine.publisher()
-                    endpoint = f"tcp://127.0.0.1:{publisher.port}"
-                    publisher.close(0)  # the actor dies once lost-1 and lost-2 are sent
-                    assert await asyncio.to_thread(disconnected, monitor, endpoint), (
-                        "the dead actor's connection to the reader did not end: its "
-                        "records may not have reached the reader's SUB"
+                    member = await engine.consumer("g", "c", ["t"], {})
+                    await started(member, engine)
+                    producer = engine.producer("s1")
+                    values = [b"v%d" % n for n in range(40)]
+                    producer.produce_many("t", None, values)  # 4 fit the group's buffer
+                    got = await take(member, len(values))
+                    assert [r.value for r in got] == values
+                    assert [r.offset for r in got] == list(range(1, 41))
+                    # Announced after the writers' actor: once the reader connected to
+                    # it, it had heard the actor's beacon too.
+                    stores.append(Store(other_db(config, tmp_path, "second"), context))
+                    seen: set[bytes] = set()
+                    second = f"tcp://127.0.0.1:{stores[-1].reader_port}".encode()
+                    assert await asyncio.to_thread(connected, monitor, seen, second), (
+                        f"the reader did not connect to a new store: {seen}"
                     )
+                    writer = f"tcp://127.0.0.1:{engine.publisher().port}".encode()
+                    assert writer not in seen, "the reader connected to its gateway's writer"
                 finally:
                     engine.reader._sub.disable_monitor()
                     monitor.close()
-                producer.produce("t", None, b"refused")  # the writer fails; g restarts
-                await one_pass()
-                reader.release()
-                await wait_until_async(
-                    lambda: reader.later > 0,
-                    WAIT,
-                    "the reader handed nothing over once released (the dead actor's "
-                    "records waited in its SUB)",
-                )
-                await one_pass()  # what it handed over reaches the groups
-                store = Store(dafka_config, context)
-                producer.produce_many("t", None, [b"new-1", b"new-2"])  # on a new actor
-                got = await take(member, 2)
-                assert [(r.offset, r.value) for r in got] == [(1, b"new-1"), (2, b"new-2")], (
-                    "the group took copies of the lost records, still on their way from "
-                    "the dead actor, as the replacement's records"
-                )
                 await member.close()
-                await other.close()
         finally:
-            await asyncio.to_thread(store.close)
+            for store in stores:
+                await asyncio.to_thread(store.close)
 
     run(body())
