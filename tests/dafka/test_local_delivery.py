@@ -290,6 +290,45 @@ def test_records_taken_from_a_writer_that_failed_give_way_to_its_replacements(
     run(body())
 
 
+def heads_only_at_subscribe(config: Config) -> Config:
+    """The stores tell heads only when asked, and the reader asks only at subscribe: the
+    heads of records written after that reach the reader from the writers' ACKs alone."""
+    quiet = config.copy()
+    quiet.set("consumer/heads_interval", "0")
+    quiet.set("store/push_heads/interval", "0")
+    return quiet
+
+
+def test_a_partition_taken_over_after_records_came_in_process_starts_at_the_stores_head(
+    dafka_config: Config, tower: Tower
+) -> None:
+    """The group took the records in process, so the reader never heard their heads;
+    a member leaves without acking them, and the next one is handed them again from
+    the stores at once (the restart tells the reader what the stores hold)."""
+    config = heads_only_at_subscribe(dafka_config)
+
+    async def body() -> None:
+        store = Store(config, zmq.Context.instance())
+        try:
+            async with engine_on(config, partitions=1) as engine:
+                first = await engine.consumer("g", "c1", ["t"], {})
+                second = await engine.consumer("g", "c2", ["t"], {})
+                await started(first, engine)
+                producer = engine.producer("s1")
+                producer.produce_many("t", None, [b"a", b"b", b"c"])
+                await one_pass()
+                assert [r.value for r in first.take_ready(3)] == [b"a", b"b", b"c"]
+                assert await producer.flush(WAIT) == 0  # stored: their ACKs came
+                await first.close()
+                again = await take(second, 3)
+                assert [(r.offset, r.value) for r in again] == [(1, b"a"), (2, b"b"), (3, b"c")]
+                await second.close()
+        finally:
+            await asyncio.to_thread(store.close)
+
+    run(body())
+
+
 def connected(monitor: zmq.Socket, seen: set[bytes], endpoint: bytes) -> bool:
     """Wait (bounded) until the monitored socket connected to `endpoint`; every endpoint
     it connected to meanwhile goes into `seen`."""
@@ -309,11 +348,7 @@ def test_a_group_without_room_gets_the_rest_from_the_stores_never_from_the_write
     in order; no copy of a record travels to the reader, and no copy of a lost record
     can pass for its replacement's (test above)."""
     context: zmq.Context = zmq.Context.instance()
-    # The stores tell heads only when asked, and the reader asks only at subscribe:
-    # the heads of records written after that come from the writers' ACKs alone.
-    config = dafka_config.copy()
-    config.set("consumer/heads_interval", "0")
-    config.set("store/push_heads/interval", "0")
+    config = heads_only_at_subscribe(dafka_config)
 
     async def body() -> None:
         stores = [Store(config, context)]
