@@ -429,9 +429,15 @@ class DafkaEngine(Engine):
 
     def _note_stored(self, heads: list[tuple[str, str, int]]) -> None:
         """The stores hold this gateway's partitions up to these heads: the observer's
-        tables, and the reader's, which does not hear this gateway's writers."""
+        tables, and the reader's (which does not hear this gateway's writers) for the
+        topics a group reads here and the catalog: waking the reader for the others cost
+        a pipe send and a GIL hand-off per delivery of ACKs (-P 1: 51,800 -> 42,800
+        RPUSHX/s)."""
         self.observer.note_stored_many(heads)
-        self.reader.stored_heads(heads)
+        readers_of = self._readers_of
+        read = [head for head in heads if head[0] in readers_of or head[0] == TOPICS_TOPIC]
+        if read:
+            self.reader.stored_heads(read)
 
     def _head_thread(self, topic: str, address: str, head: int) -> None:
         if self.settings.acks == "all" and (topic, address) in self._by_address:
