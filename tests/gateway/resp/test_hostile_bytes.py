@@ -169,6 +169,12 @@ HUGE_AGGREGATES = [
     _RPUSHX * 200 + b"*2\r\n$4\r\nPING\r\n%+2147483647\r\n",
     # ... and data dense with aggregate chars (every run of digits is looked at instead).
     _RPUSHX.replace(b"x" * 100, b"*%~>|" * 20) * 200 + b"*2147483647\r\n",
+    # Keys with long ids, signs and digits that are no header, then a signed huge one.
+    _RPUSHX.replace(b"$8\r\ntopics:t", b"$19\r\ntopics:000000000042").replace(
+        b"x" * 30, b"+12345678901 -99999999999 ~+12", 1
+    )
+    * 200
+    + b"*2\r\n$4\r\nPING\r\n%-99999999999\r\n",
     # Long commands, one `*` in kilobytes (each aggregate char found by memchr and judged):
     # a BLPOP naming 1,000 topics, then a huge header, in and past hiredis's first step.
     _BLPOP_1000 + b"*2147483647\r\n",
