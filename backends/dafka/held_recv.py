@@ -1,14 +1,17 @@
 """Receive from a ZeroMQ socket without giving the GIL up: libzmq's `zmq_msg_recv`
 through ctypes (the receiving side of `held_send.py`).
 
-pyzmq releases the GIL around every frame it receives. The gateway's reader receives
-the copies of the gateway's own records (its groups took them in process; it drops them)
-while the event loop, in the same process, wants the GIL: each release let the loop in,
-and the frame after it waited for the GIL back, the loop too when the reader had it.
-Held across a drain, at 10,000 records/s with 100 BLPOPs in flight the loop went to sleep
-0.29-0.33 times per record instead of 0.49-0.52 (waiting for the GIL, mostly) and the
-p99.9 from RPUSHX to BLPOP fell from 4.7-7.5 to 2.9-3.1 ms, though a frame costs more
-this way (2.5 against 0.8 µs a 2-frame message, uncontended).
+pyzmq releases the GIL around every frame it receives. The gateway's reader received
+the copies of the gateway's own records (its groups took them in process; it dropped
+them) while the event loop, in the same process, wanted the GIL: each release let the
+loop in, and the frame after it waited for the GIL back, the loop too when the reader had
+it. Held across a drain, at 10,000 records/s with 100 BLPOPs in flight the loop went to
+sleep 0.29-0.33 times per record instead of 0.49-0.52 (waiting for the GIL, mostly) and
+the p99.9 from RPUSHX to BLPOP fell from 4.7-7.5 to 2.9-3.1 ms, though a frame costs more
+this way (2.5 against 0.8 µs a 2-frame message, uncontended). Since, the reader no longer
+connects to its own gateway's writers (docs/dafka-engine.md, "Latency"): what it receives
+a few messages at a time is other producers' live records and the stores' answers, and
+whether keeping the GIL still pays has not been measured again on a quiet machine.
 
 A receiver keeps one `zmq_msg_t`, initialised once: `zmq_msg_recv` frees what the
 message held before it receives the next, and `close()` frees the last. Only for the
