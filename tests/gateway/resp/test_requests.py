@@ -298,10 +298,10 @@ def test_encoded_commands_parse_back(make: MakeParser) -> None:
 
 
 # ------------------------------------------------------- runs repeating one header
-# The hiredis parser takes commands that repeat the first two arguments of the last
-# 3-argument command (a pipeline of RPUSHX to one key) without hiredis, remembering that
-# header from one read to the next; everything else must still come out as the state
-# machine gives it.
+# The hiredis parser takes commands that repeat the first argument of the last 3-argument
+# command (a pipeline of RPUSHX to one key, or round-robin over topics) without hiredis,
+# remembering that header from one read to the next; everything else must still come out
+# as the state machine gives it.
 
 
 def test_a_run_of_rpushx_to_one_key_with_values_of_any_length(make: MakeParser) -> None:
@@ -361,6 +361,84 @@ REPEATS = st.lists(
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=REPEATS, cuts=st.lists(st.integers(min_value=0), max_size=10), small=st.booleans())
 def test_property_runs_of_one_header_parse_as_the_state_machine_does(
+    data: bytes, cuts: list[int], small: bool
+) -> None:
+    limits = SMALL_LIMITS if small else ParserLimits()
+    reference = feed_pieces(PythonRequestParser(limits), [data])
+    for pieces in ([data], split_at(data, cuts), [data[i : i + 1] for i in range(len(data))]):
+        assert feed_pieces(HiredisRequestParser(limits), pieces) == reference
+
+
+def test_a_run_of_rpushx_round_robin_over_keys_of_any_length(make: MakeParser) -> None:
+    keys = [b"topics:a", b"topics:b", b"topics:cc", b"", b"topics:a", b"k" * 5000, b"topics:b"]
+    values = [b"v", b"w" * 100, b"", b"x" * 100, b"\r\n", b"y" * 10_000]
+    commands = [[b"RPUSHX", k, v] for k, v in itertools.product(keys, values)]
+    commands += [[b"RPUSHX", b"topics:a", b"v"]] * 3 + [[b"BLPOP", b"topics:a", b"1"]]
+    commands += [[b"RPUSHX", b"topics:b", b"v"], [b"RPUSHX", b"topics:b", b"v"], [b"PING"]]
+    assert commands_of(make, b"".join(multibulk(*c) for c in commands)) == commands
+
+
+def test_another_key_is_refused_over_the_limits_as_by_the_state_machine(
+    make: MakeParser,
+) -> None:
+    small = ParserLimits(max_arguments=4, max_bulk_length=30, max_query_buffer=70)
+    first = multibulk(b"RPUSHX", b"topics:t", b"v")
+    over_bulk = multibulk(b"RPUSHX", b"k" * 31, b"v")
+    over_query = multibulk(b"RPUSHX", b"k" * 25, b"x" * 20)
+    for after in (over_bulk, over_query, multibulk(b"RPUSHX", b"k", b"x" * 31)):
+        commands, error = parse(make, first + first + after, small)
+        assert (commands, error) == ([[b"RPUSHX", b"topics:t", b"v"]] * 2, "Invalid bulk size")
+        # The lengths of the last other key are remembered: refused all the same.
+        other = multibulk(b"RPUSHX", b"topics:u", b"v")
+        commands, error = parse(make, first + other + after, small)
+        assert error == "Invalid bulk size"
+        assert commands == [[b"RPUSHX", b"topics:t", b"v"], [b"RPUSHX", b"topics:u", b"v"]]
+
+
+# A length field: its right value (most often), that value with a leading zero or a sign,
+# or another one.
+LENGTH_FIELDS = st.sampled_from([b"", b"", b"", b"0", b"+", b"-1", b"31", b"3x", b"9" * 21])
+
+
+def length_field(data: bytes, variant: bytes) -> bytes:
+    right = b"%d" % len(data)
+    return right if variant == b"" else variant + right if variant in b"0+" else variant
+
+
+OtherKeyParts = tuple[bool, bytes, bytes, bytes, bytes, bytes, bytes]
+
+
+def other_keys_stream(parts: list[OtherKeyParts]) -> bytes:
+    """After a command the hiredis parser surely takes (the others are compared with it),
+    each command encoded canonically, or with the length fields, the bytes between the
+    key and the value's length and the tail given."""
+    stream = [multibulk(b"RPUSHX", b"t:k", b"v")]
+    for canonical, key, value, key_size, between, size, tail in parts:
+        if canonical:
+            stream.append(multibulk(b"RPUSHX", key, value))
+            continue
+        stream += [b"*3\r\n$6\r\nRPUSHX\r\n$", length_field(key, key_size), b"\r\n", key]
+        stream += [between, length_field(value, size), b"\r\n", value, tail]
+    return b"".join(stream)
+
+
+OTHER_KEYS = st.lists(
+    st.tuples(
+        st.booleans(),
+        st.sampled_from([b"t:k", b"t:j", b"u:kk", b"", b"x" * 31]),
+        st.binary(max_size=35),
+        LENGTH_FIELDS,
+        st.sampled_from([b"\r\n$", b"\r\n$", b"\r\n", b"\r\n!", b"\n$", b"xx$"]),
+        LENGTH_FIELDS,
+        st.sampled_from([b"\r\n", b"\r\n", b"\n", b""]),
+    ),
+    max_size=10,
+).map(other_keys_stream)
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=OTHER_KEYS, cuts=st.lists(st.integers(min_value=0), max_size=10), small=st.booleans())
+def test_property_runs_over_changing_keys_parse_as_the_state_machine_does(
     data: bytes, cuts: list[int], small: bool
 ) -> None:
     limits = SMALL_LIMITS if small else ParserLimits()
