@@ -9,8 +9,11 @@ one member at a time:
 - A partition whose owner changes restarts from the group's acked position, so what the
   old owner was handed and did not ack is delivered again (at least once). The old owner's
   later acks of that partition are refused, as librdkafka refuses them after a revoke.
-- Each partition has at most `buffer` records (gateway.consume_batch) on their way to its
-  owner: the group's reader (`reader.py`) only fetches what there is room for.
+- Each partition has at most its share of records on their way to its owner (buffered or
+  granted to the reader, `reader.py`, which only fetches what there is room for): the
+  group's `dafka.group_buffer` split equally among the partitions it reads, at least
+  MIN_SHARE and at most gateway.consume_batch. Unbounded by the partition count, a group
+  reading 1,000 partitions held up to 500 records of each.
 - A partition starts at the group's committed offset; without one, at `auto.offset.reset`:
   earliest (the oldest record the stores keep) or latest (after the head known when the
   member joined); partitions found later start at their beginning.
@@ -34,6 +37,10 @@ if TYPE_CHECKING:
     from backends.dafka.engine_view import GroupsEngine as DafkaEngine
 
 log = structlog.get_logger(__name__)
+
+# The fewest records a partition may have on their way, however many partitions share the
+# group's buffer: fewer would make every few records a grant and a fetch.
+MIN_SHARE = 16
 
 NOT_ASSIGNED = "Local: Erroneous state"
 CLOSED = "Consumer closed"
@@ -93,7 +100,10 @@ class Group:
         self.topics: set[str] = set()
         self._reader: Reader = engine.reader
         self._loop = asyncio.get_running_loop()
-        self._buffer = max(2, engine.consume_batch)
+        self._most = max(2, engine.consume_batch)  # a partition's share at most
+        self._budget = engine.settings.group_buffer
+        self._share = self._most  # records a partition may have on their way
+        self._shared_by = 0  # the partition count `_share` was computed for
         # Until then, partitions the reader finds start past their head for a `latest`
         # group: the stores' answers to the join's GET_HEADS (existing partitions).
         self._latest_until = 0.0
@@ -103,6 +113,12 @@ class Group:
     async def join(self, member: Member) -> None:
         if member.reset == "latest":
             self._latest_until = self._loop.time() + self.engine.settle
+        # Shared by the partitions known already before any starts: the first would
+        # otherwise get the whole buffer.
+        heads = self.engine.observer.heads
+        self._share_among(
+            len(self.parts) + sum(len(heads(t)) for t in member.topics if t not in self.topics)
+        )
         for topic in member.topics:
             if topic in self.topics:
                 continue
@@ -111,6 +127,14 @@ class Group:
             self.engine.subscribe(self, topic)
         self.members.append(member)
         self._rebalance()
+
+    def _share_among(self, count: int) -> None:
+        """Each partition's share of the group's buffer, for `count` partitions (when more
+        than before: a partition started earlier keeps what it was granted, and is granted
+        more only once below the new share)."""
+        if count > self._shared_by:
+            self._shared_by = count
+            self._share = min(self._most, max(MIN_SHARE, self._budget // count))
 
     def _start_known(self, topic: str, reset: str) -> None:
         """Position the partitions the network already has: at the group's commit, else
@@ -135,13 +159,15 @@ class Group:
                 if part is not None and not part.started:
                     self._start(part, offset)
 
-    def _start(self, part: _Partition, offset: int) -> None:
-        """(Re)position `part` at `offset`: everything buffered or on its way is dropped."""
+    def _start(self, part: _Partition, offset: int, credit: int | None = None) -> None:
+        """(Re)position `part` at `offset`: everything buffered or on its way is dropped.
+        `credit`: records it may have on their way until a member takes one (its share
+        by default)."""
         part.started = True
         part.position = part.acked = part.expected = offset
         part.buffer.clear()
         part.generation += 1
-        part.credit = self._buffer
+        part.credit = self._share if credit is None else min(credit, self._share)
         self._reader.start(
             (self.name, part.topic, part.address),
             part.topic,
@@ -241,6 +267,7 @@ class Group:
             part = _Partition(topic, address, number)
             self.parts[(topic, address)] = part
             self.by_number[(topic, number)] = part
+            self._share_among(len(self.parts))
             self._assign_new(part)
         return part
 
@@ -267,7 +294,10 @@ class Group:
         start = self.engine.offsets.committed(self.name, topic).get(part.number)
         if start is None:
             start = head + 1 if self._loop.time() < self._latest_until else 0
-        self._start(part, start)
+        # Found one by one (a topic's first records, a new topic of a pattern): each
+        # found later gets a smaller share, and the first would keep the whole buffer's
+        # credit until spent. Its share comes with the first take.
+        self._start(part, start, MIN_SHARE)
 
     def on_record(self, topic: str, address: str, seq: int, content: bytes, gen: int) -> None:
         part = self.parts.get((topic, address))
@@ -362,8 +392,9 @@ class Group:
         else:
             part.ready = 0
         # What the reader may still bring: its credit (less what was taken in process).
-        room = self._buffer - len(part.buffer) - part.credit
-        if room >= self._buffer // 2:
+        share = self._share
+        room = share - len(part.buffer) - part.credit
+        if room >= share // 2:
             part.credit += room
             self._reader.grant((self.name, part.topic, part.address), room)
 

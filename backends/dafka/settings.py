@@ -15,6 +15,7 @@
     "snapshot_interval": 3600,
     "start_timeout": 10,
     "queue_max_messages": 100000,
+    "group_buffer": 50000,             # records a consumer group holds ahead, in all
     "settings": {"store/retention/ms": "604800000"}   # zconfig paths, passed through
 }
 """
@@ -64,6 +65,10 @@ class DafkaSettings:
     snapshot_interval: float = 3600.0
     start_timeout: float = 10.0
     queue_max_messages: int = 100_000
+    # Records a consumer group may have on their way to its members (buffered, or being
+    # fetched), all its partitions together: each partition gets an equal share, at least
+    # groups.MIN_SHARE and at most gateway.consume_batch.
+    group_buffer: int = 50_000
     # DUMP counts a record durable once one store has it ("one"), or every store the
     # tower knows ("all").
     acks: str = "one"
@@ -182,6 +187,7 @@ _KEYS: dict[str, Callable[[object], Any]] = {
     "snapshot_interval": lambda v: _seconds("snapshot_interval", v),
     "start_timeout": lambda v: _seconds("start_timeout", v),
     "queue_max_messages": lambda v: _integer("queue_max_messages", v, 1, 100_000_000),
+    "group_buffer": lambda v: _integer("group_buffer", v, 1, 100_000_000),
     "settings": _zconfig,
     "acks": lambda v: _choice("acks", v, ACKS),
 }

@@ -15,7 +15,7 @@ from zmq.utils.monitor import recv_monitor_message
 from backends.base import Producer, Record
 from backends.dafka.config import Config
 from backends.dafka.engine import DafkaEngine
-from backends.dafka.groups import Member
+from backends.dafka.groups import MIN_SHARE, Member
 from backends.dafka.store import Store
 from backends.dafka.tower import Tower
 from tests.dafka.stores import other_db
@@ -381,5 +381,44 @@ def test_a_group_without_room_gets_the_rest_from_the_stores_never_from_the_write
         finally:
             for store in stores:
                 await asyncio.to_thread(store.close)
+
+    run(body())
+
+
+def test_a_group_reading_many_partitions_shares_its_buffer_among_them(network: Config) -> None:
+    """`dafka.group_buffer` bounds what a group holds ahead of its members, all partitions
+    together (each an equal share, at least MIN_SHARE): without it, a group reading 1,000
+    partitions held up to `consume_batch` records of each. Whatever the share held back
+    comes later, from the stores: every record once, each partition in order."""
+    keys = [b"k%d" % n for n in range(32)]
+    values = [b"%04d" % n for n in range(800)]
+
+    async def body() -> None:
+        async with engine_on(
+            network, consume_batch=100, partitions=8, group_buffer=8 * MIN_SHARE
+        ) as engine:
+            member = await engine.consumer("g", "c", ["t"], {})
+            producer = engine.producer("s1")
+            for n, value in enumerate(values):
+                producer.produce("t", keys[n % len(keys)], value)
+                if n % 50 == 49:
+                    await one_pass()
+                    assert buffered(engine, "g") <= 8 * MIN_SHARE, "the group's bound holds"
+            assert await producer.flush(WAIT) == 0
+            parts = engine._groups["g"].parts.values()
+            await wait_until_async(
+                lambda: len(parts) == 8 and buffered(engine, "g") >= 8 * MIN_SHARE,
+                WAIT,
+                "the group's 8 partitions found, each one's share of its buffer filled",
+            )
+            assert [len(part.buffer) for part in parts] == [MIN_SHARE] * 8
+            got = await take(member, len(values))
+            by_partition: dict[int, list[Record]] = {}
+            for record in got:
+                by_partition.setdefault(record.partition, []).append(record)
+            for records in by_partition.values():
+                assert [r.offset for r in records] == list(range(len(records)))
+            assert sorted(r.value or b"" for r in got) == values
+            await member.close()
 
     run(body())

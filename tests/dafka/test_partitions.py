@@ -80,6 +80,8 @@ def test_foreign_partitions_get_stable_numbers_every_gateway_agrees_on() -> None
 def test_settings_defaults_and_overrides() -> None:
     settings = parse_section(None)
     assert (settings.partitions, settings.stores, settings.joined) == (4, 1, False)
+    assert settings.group_buffer == 50_000
+    assert parse_section({"group_buffer": 800}).group_buffer == 800
     settings = parse_section(
         {
             "partitions": 2,
@@ -106,6 +108,8 @@ def test_settings_defaults_and_overrides() -> None:
         ({"partitioner": "fnv"}, "dafka.partitioner must be one of"),
         ({"auto_offset_reset": "middle"}, "dafka.auto_offset_reset must be one of"),
         ({"commit_interval": 0}, "dafka.commit_interval must be a finite number > 0"),
+        ({"group_buffer": 0}, "dafka.group_buffer must be 1..100000000, got 0"),
+        ({"group_buffer": "10k"}, "dafka.group_buffer must be an integer"),
         ({"topic_partitions": {"t": 0}}, "dafka.topic_partitions.t must be 1..1024"),
         ({"settings": {"bad path!": 1}}, "dafka.settings: invalid config path"),
         ({"tower_sub_address": 5}, "dafka.tower_sub_address must be a string"),
