@@ -358,15 +358,21 @@ REPEATS = st.lists(
 )
 
 
+def hiredis_agrees_with_the_state_machine(data: bytes, cuts: list[int], small: bool) -> None:
+    """The hiredis parser gives what the state machine gives for `data` whole, split at
+    `cuts` and byte by byte."""
+    limits = SMALL_LIMITS if small else ParserLimits()
+    reference = feed_pieces(PythonRequestParser(limits), [data])
+    for pieces in ([data], split_at(data, cuts), [data[i : i + 1] for i in range(len(data))]):
+        assert feed_pieces(HiredisRequestParser(limits), pieces) == reference
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=REPEATS, cuts=st.lists(st.integers(min_value=0), max_size=10), small=st.booleans())
 def test_property_runs_of_one_header_parse_as_the_state_machine_does(
     data: bytes, cuts: list[int], small: bool
 ) -> None:
-    limits = SMALL_LIMITS if small else ParserLimits()
-    reference = feed_pieces(PythonRequestParser(limits), [data])
-    for pieces in ([data], split_at(data, cuts), [data[i : i + 1] for i in range(len(data))]):
-        assert feed_pieces(HiredisRequestParser(limits), pieces) == reference
+    hiredis_agrees_with_the_state_machine(data, cuts, small)
 
 
 def test_a_run_of_rpushx_round_robin_over_keys_of_any_length(make: MakeParser) -> None:
@@ -441,10 +447,7 @@ OTHER_KEYS = st.lists(
 def test_property_runs_over_changing_keys_parse_as_the_state_machine_does(
     data: bytes, cuts: list[int], small: bool
 ) -> None:
-    limits = SMALL_LIMITS if small else ParserLimits()
-    reference = feed_pieces(PythonRequestParser(limits), [data])
-    for pieces in ([data], split_at(data, cuts), [data[i : i + 1] for i in range(len(data))]):
-        assert feed_pieces(HiredisRequestParser(limits), pieces) == reference
+    hiredis_agrees_with_the_state_machine(data, cuts, small)
 
 
 # --------------------------------------------------------------------------- properties
