@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import zlib
 from collections.abc import Iterator
 
 import pytest
@@ -91,7 +92,8 @@ def test_a_topic_deleted_and_created_again_is_written_with_its_new_count(
     network: tuple[Config, Store],
 ) -> None:
     """A gateway that produced to a topic before (under the settings' count) spreads its
-    records over the count the topic is created with after its deletion."""
+    records over the count the topic is created with after its deletion: each key to the
+    partition the partitioner picks among the new count, the keys written before too."""
     config, _ = network
 
     async def body() -> None:
@@ -109,6 +111,9 @@ def test_a_topic_deleted_and_created_again_is_written_with_its_new_count(
             records = await take(member, 30)
             await member.close()
         assert {record.partition for record in records} == {0, 1, 2}
+        for record in records:
+            assert record.key is not None
+            assert record.partition == zlib.crc32(record.key) % 3, record
 
     run(body())
 
