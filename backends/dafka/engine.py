@@ -395,7 +395,8 @@ class DafkaEngine(Engine):
         (topic, key), whichever session asks: its checks, partition count and partitioner
         were a fifth of the loop's time at redis-benchmark -P 16, and 50 clients over 100
         topics change topic at nearly every record. Within a pass the partitioner would
-        choose the same (keyed: always; keyless: sticky for 10 ms, for every session)."""
+        choose the same (keyed: always; keyless: sticky for 10 ms, for every session);
+        keyed records and one-partition topics keep their writer from pass to pass."""
         target = (topic, key)
         writer = self._writers_fixed.get(target)
         if writer is not None and writer.failed is None:
