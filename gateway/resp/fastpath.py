@@ -209,8 +209,8 @@ class HiredisFastPath(FastPath):
         return stop
 
 
-# A 3-argument command at most this long is remembered for _Repeat (which keeps only
-# its first two arguments and headers).
+# A 3-argument command at most this long is remembered for _Repeat (which keeps its
+# first two arguments and headers as long as the connection lasts).
 _REMEMBERED: Final = 64 * 1024
 
 
@@ -304,7 +304,8 @@ class _Repeat:
                         self.other, self.key_length, self.value_field, self.value_length,
                     )  # fmt: skip
                 key = buf[key_start:key_end]
-                if key == previous:  # a run of another key: its header repeats from here
+                if key == previous and start + size + 2 - pos <= _REMEMBERED:
+                    # A run of another key: its header repeats from here.
                     self._remember(buf, pos, key_start, key_end, start, size)
                     second, head, sized, length = key, self.head, self.sized, size
                     previous = None

@@ -8,6 +8,7 @@ must not depend on how the bytes arrive.
 from __future__ import annotations
 
 import itertools
+import tracemalloc
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -382,6 +383,26 @@ def test_a_run_of_rpushx_round_robin_over_keys_of_any_length(make: MakeParser) -
     commands += [[b"RPUSHX", b"topics:a", b"v"]] * 3 + [[b"BLPOP", b"topics:a", b"1"]]
     commands += [[b"RPUSHX", b"topics:b", b"v"], [b"RPUSHX", b"topics:b", b"v"], [b"PING"]]
     assert commands_of(make, b"".join(multibulk(*c) for c in commands)) == commands
+
+
+def test_a_parser_keeps_no_copy_of_a_long_key_once_its_commands_are_taken() -> None:
+    # A run of commands is remembered (their first two arguments, for the next read) only
+    # when short: a connection that once sent a run to an 8 MB key kept 24 MB.
+    key = b"k" * 1_000_000
+    data = multibulk(b"RPUSHX", b"t:a", b"v") * 2 + multibulk(b"RPUSHX", key, b"v") * 2
+    tracemalloc.start()
+    try:
+        parser = HiredisRequestParser()
+        before = tracemalloc.get_traced_memory()[0]
+        commands, error = feed_pieces(parser, [data])
+        assert (len(commands), error) == (4, None)
+        del commands  # the commands taken hold the key: only the parser's copies count
+        parser.feed(multibulk(b"PING"))
+        assert parser.get_command() == [b"PING"]
+        kept = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert kept < 100_000, f"the parser keeps {kept:,} bytes after a long key's commands"
 
 
 def test_another_key_is_refused_over_the_limits_as_by_the_state_machine(
