@@ -9,10 +9,11 @@ one member at a time:
 - A partition whose owner changes restarts from the group's acked position, so what the
   old owner was handed and did not ack is delivered again (at least once). The old owner's
   later acks of that partition are refused, as librdkafka refuses them after a revoke.
-- Each partition has at most its share of records on their way to its owner (buffered or
+- Each partition has about its share of records on their way to its owner (buffered or
   granted to the reader, `reader.py`, which only fetches what there is room for): the
-  group's `dafka.group_buffer` split equally among the partitions it reads, at least
-  MIN_SHARE and at most gateway.consume_batch. Unbounded by the partition count, a group
+  group's `dafka.group_buffer` split equally among the most partitions it has read, at
+  least MIN_SHARE and at most gateway.consume_batch (credit granted under a larger share
+  is taken back as partitions are found). Unbounded by the partition count, a group
   reading 1,000 partitions held up to 500 records of each.
 - A partition starts at the group's committed offset; without one, at `auto.offset.reset`:
   earliest (the oldest record the stores keep) or latest (after the head known when the
@@ -104,6 +105,7 @@ class Group:
         self._budget = engine.settings.group_buffer
         self._share = self._most  # records a partition may have on their way
         self._shared_by = 0  # the partition count `_share` was computed for
+        self._reclaimed_at = self._most  # the share credit above was last taken back at
         # Until then, partitions the reader finds start past their head for a `latest`
         # group: the stores' answers to the join's GET_HEADS (existing partitions).
         self._latest_until = 0.0
@@ -130,11 +132,21 @@ class Group:
 
     def _share_among(self, count: int) -> None:
         """Each partition's share of the group's buffer, for `count` partitions (when more
-        than before: a partition started earlier keeps what it was granted, and is granted
-        more only once below the new share)."""
-        if count > self._shared_by:
-            self._shared_by = count
-            self._share = min(self._most, max(MIN_SHARE, self._budget // count))
+        than the most so far). Credit granted under a larger share is taken back each time
+        the share has fallen by a quarter: the partitions found first, granted much of the
+        buffer while few shared it, would keep it (1,000 partitions found one by one, a
+        member taking from each: 90,000 records held against 50,000)."""
+        if count <= self._shared_by:
+            return
+        self._shared_by = count
+        share = self._share = min(self._most, max(MIN_SHARE, self._budget // count))
+        if share * 4 <= self._reclaimed_at * 3:
+            self._reclaimed_at = share
+            for part in self.parts.values():
+                cut = min(part.credit, len(part.buffer) + part.credit - share)
+                if part.started and cut > 0:
+                    part.credit -= cut
+                    self._reader.grant((self.name, part.topic, part.address), -cut)
 
     def _start_known(self, topic: str, reset: str) -> None:
         """Position the partitions the network already has: at the group's commit, else

@@ -150,6 +150,8 @@ class Reader(Node):
         )
 
     def grant(self, cursor: Hashable, credit: int) -> None:
+        """`credit` more records for `cursor` (less, when negative: what it may not bring
+        any more; its FETCHes' answers past the credit are dropped)."""
         self._command("grant", cursor, credit)
 
     def took(self, takes: list[tuple[Hashable, int, int, int]]) -> None:

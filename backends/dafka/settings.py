@@ -67,7 +67,8 @@ class DafkaSettings:
     queue_max_messages: int = 100_000
     # Records a consumer group may have on their way to its members (buffered, or being
     # fetched), all its partitions together: each partition gets an equal share, at least
-    # groups.MIN_SHARE and at most gateway.consume_batch.
+    # groups.MIN_SHARE (16, so the bound is 16 a partition past group_buffer / 16
+    # partitions) and at most gateway.consume_batch.
     group_buffer: int = 50_000
     # DUMP counts a record durable once one store has it ("one"), or every store the
     # tower knows ("all").
@@ -187,7 +188,7 @@ _KEYS: dict[str, Callable[[object], Any]] = {
     "snapshot_interval": lambda v: _seconds("snapshot_interval", v),
     "start_timeout": lambda v: _seconds("start_timeout", v),
     "queue_max_messages": lambda v: _integer("queue_max_messages", v, 1, 100_000_000),
-    "group_buffer": lambda v: _integer("group_buffer", v, 1, 100_000_000),
+    "group_buffer": lambda v: _integer("group_buffer", v, 16, 100_000_000),
     "settings": _zconfig,
     "acks": lambda v: _choice("acks", v, ACKS),
 }

@@ -6,6 +6,8 @@ whichever path a record came by first."""
 from __future__ import annotations
 
 import asyncio
+import itertools
+import zlib
 from pathlib import Path
 
 import structlog
@@ -419,6 +421,50 @@ def test_a_group_reading_many_partitions_shares_its_buffer_among_them(network: C
             for records in by_partition.values():
                 assert [r.offset for r in records] == list(range(len(records)))
             assert sorted(r.value or b"" for r in got) == values
+            await member.close()
+
+    run(body())
+
+
+def test_partitions_found_one_by_one_give_back_what_a_larger_share_granted(
+    network: Config,
+) -> None:
+    """A member takes from each partition as the group finds it, so each is granted the
+    share of its time: the first found, while few shared the buffer, much of it. Taken
+    back as the share falls, so that once all are found the group holds about its buffer
+    (within a third: credit is taken back each time the share has fallen by a quarter),
+    not most of it in the first partitions."""
+    partitions, budget = 8, 8 * MIN_SHARE
+    keys: dict[int, bytes] = {}
+    for n in itertools.count():
+        keys.setdefault(zlib.crc32(b"k%d" % n) % partitions, b"k%d" % n)
+        if len(keys) == partitions:
+            break
+
+    async def body() -> None:
+        async with engine_on(
+            network, consume_batch=100, partitions=partitions, group_buffer=budget
+        ) as engine:
+            member = await engine.consumer("g", "c", ["t"], {})
+            producer = engine.producer("s1")
+            for number in range(partitions):
+                producer.produce("t", keys[number], b"found")
+                [record] = await take(member, 1)
+                assert record.partition == number
+            for _ in range(200):
+                for number in range(partitions):
+                    producer.produce("t", keys[number], b"v")
+            assert await producer.flush(WAIT) == 0
+            parts = engine._groups["g"].parts.values()
+            await wait_until_async(
+                lambda: buffered(engine, "g") >= budget,
+                WAIT,
+                "the group's buffer filled from the 1,600 records",
+            )
+            held = [len(part.buffer) + max(part.credit, 0) for part in parts]
+            assert sum(held) <= budget * 4 // 3, f"records held or granted: {held}"
+            got = await take(member, 200 * partitions)
+            assert [r.value for r in got] == [b"v"] * 200 * partitions
             await member.close()
 
     run(body())

@@ -108,7 +108,7 @@ def test_settings_defaults_and_overrides() -> None:
         ({"partitioner": "fnv"}, "dafka.partitioner must be one of"),
         ({"auto_offset_reset": "middle"}, "dafka.auto_offset_reset must be one of"),
         ({"commit_interval": 0}, "dafka.commit_interval must be a finite number > 0"),
-        ({"group_buffer": 0}, "dafka.group_buffer must be 1..100000000, got 0"),
+        ({"group_buffer": 15}, "dafka.group_buffer must be 16..100000000, got 15"),
         ({"group_buffer": "10k"}, "dafka.group_buffer must be an integer"),
         ({"topic_partitions": {"t": 0}}, "dafka.topic_partitions.t must be 1..1024"),
         ({"settings": {"bad path!": 1}}, "dafka.settings: invalid config path"),
