@@ -150,6 +150,11 @@ class Handover:
         self._note_stored = note_stored
         self.produced = 0  # Stats.PRODUCED
         self.delivered = 0  # Stats.DELIVERED
+        # Records of the clients' writers not acknowledged yet, all partitions together:
+        # what `queue_max_messages` bounds (as librdkafka's queue.buffering.max.messages
+        # bounds a producer's). Per partition, 1,000 topics of 4 partitions let the
+        # gateway hold 400 million records before a client waited.
+        self.unacked = 0
         # Loop passes that produced or looked a writer up (`pass_number`), counted at
         # their end, where the pass's records are handed over (`_end_of_pass`).
         self._pass = 0
@@ -282,11 +287,15 @@ class PartitionWriter:
 
     def submit(self, values: Sequence[bytes]) -> int:
         """Queue `values`; returns the position after the last one. Past
-        `queue_max_messages` records not yet acked, queues those that fit and raises
-        QueueFullError saying how many."""
+        `queue_max_messages` records not yet acked (the clients' writers all together;
+        the gateway's own, each), queues those that fit and raises QueueFullError saying
+        how many."""
         if self.failed is not None:
             raise ProduceError(self.failed)
-        room = self._engine.settings.queue_max_messages - (self.submitted - self.acked)
+        # The gateway's commits and catalog records have a queue of their own per
+        # partition: clients filling theirs must not hold them back.
+        held = self.submitted - self.acked if self.internal else self._handover.unacked
+        room = self._engine.settings.queue_max_messages - held
         full = room < len(values)
         if full:
             values = values[: max(room, 0)]
@@ -298,9 +307,17 @@ class PartitionWriter:
                     self._handover.enlist(self)
                 self._pending.extend(values)
             self.submitted += len(values)
+            if not self.internal:
+                self._handover.unacked += len(values)
         if full:
             raise QueueFullError(QUEUE_FULL, len(values))
         return self.submitted
+
+    def _give_up_unacked(self) -> None:
+        """This writer failed: its records not acknowledged never will be, and no longer
+        take room in the gateway's queue (called once, where `failed` is first set)."""
+        if not self.internal:
+            self._handover.unacked -= self.submitted - self.acked
 
     async def _start(self) -> None:
         engine = self._engine
@@ -308,6 +325,7 @@ class PartitionWriter:
             self._producer = await asyncio.to_thread(lambda: self._open(engine.publisher()))
         except Exception as error:
             self.failed = f"Local: Transport failure: {error}"
+            self._give_up_unacked()
             log.error("cannot start partition writer", topic=self.topic, error=str(error))
             if not self.internal:
                 engine.stats.incr(Stats.DELIVERY_ERRORS, len(self._waiting))
@@ -350,6 +368,7 @@ class PartitionWriter:
         if self.failed is not None:
             return  # failed already (a conflict): counted then
         self.failed = f"Local: Transport failure: {error}"
+        self._give_up_unacked()
         log.error("partition writer failed", topic=self.topic, error=str(error))
         if not self.internal:
             self._engine.stats.incr(Stats.DELIVERY_ERRORS, lost)
@@ -395,6 +414,7 @@ class PartitionWriter:
         if self.failed is not None:
             return
         self.failed = CONFLICT.format(held=held, topic=self.topic, number=self.number)
+        self._give_up_unacked()
         self.replaceable = False
         log.error("partition writer conflict", topic=self.topic, partition=self.number, held=held)
         if not self.internal:
@@ -419,6 +439,8 @@ class PartitionWriter:
             return False
         if not self.internal:
             self._handover.delivered += acked - self.acked
+            if self.failed is None:  # else given up already
+                self._handover.unacked -= acked - self.acked
         self.acked = acked
         return True
 

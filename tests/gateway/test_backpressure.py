@@ -104,7 +104,7 @@ def stalled_dafka(tmp_path: Path) -> Iterator[tuple[Config, EmbeddedNetwork]]:
         "dafka": {
             "tower_sub_address": tower.get("beacon/sub_address"),
             "tower_pub_address": tower.get("beacon/pub_address"),
-            "queue_max_messages": 1,  # per partition
+            "queue_max_messages": 1,
             "settings": {"beacon/address": "127.0.0.1", "beacon/interval": "200"},
         },
         "gateway": {"engine": "dafka", "host": "127.0.0.1", "port": 0},
@@ -129,27 +129,35 @@ def kafka_without_broker() -> Config:
     return _bounded(document)
 
 
-def assert_refused_after_the_bound(gateway: ServerThread, topic: str) -> None:
-    """`topic` is `<topic>:<key>`: one partition, whose queue holds one record."""
+# Where the record that finds no room goes: the same partition as the one that fits, or
+# another topic's (the queue bounds every partition together, as librdkafka's does).
+SECOND = ("same topic", "another topic")
+
+
+def assert_refused_after_the_bound(gateway: ServerThread, topic: str, second: str) -> None:
+    """`topic` is `<topic>:<key>`: one partition; the queue holds one record."""
     with Raw(gateway.port, timeout=30) as raw:
         raw.send(rpushx(topic, b"fits"))
         assert raw.read_reply() == 1
         started = time.monotonic()
+        then = topic if second == "same topic" else f"other-{topic}"
         # The PING behind the blocked RPUSHX is not read before the RPUSHX is answered.
-        raw.send(rpushx(topic, b"no room") + b"PING\r\n")
+        raw.send(rpushx(then, b"no room") + b"PING\r\n")
         assert raw.read_reply() == ("-", "PROD Local: Queue full")
         elapsed = time.monotonic() - started
         assert raw.read_reply() == "PONG"
         assert 0.5 <= elapsed < 5, f"answered after {elapsed:.2f}s, the bound is 0.5s"
 
 
-def test_kafka_answers_queue_full_after_the_bound_when_nothing_drains() -> None:
+@pytest.mark.parametrize("second", SECOND)
+def test_kafka_answers_queue_full_after_the_bound_when_nothing_drains(second: str) -> None:
     with running(kafka_without_broker()) as gateway:
-        assert_refused_after_the_bound(gateway, "anything:key")
+        assert_refused_after_the_bound(gateway, "anything:key", second)
 
 
+@pytest.mark.parametrize("second", SECOND)
 def test_dafka_answers_queue_full_after_the_bound_when_no_store_acks(
-    stalled_dafka: tuple[Config, EmbeddedNetwork],
+    stalled_dafka: tuple[Config, EmbeddedNetwork], second: str
 ) -> None:
     config, network = stalled_dafka
     with running(config) as gateway:
@@ -159,4 +167,4 @@ def test_dafka_answers_queue_full_after_the_bound_when_no_store_acks(
             raw.command("DUMP", "10000")
             assert raw.read_reply() == 0
         os.kill(network.pids()[store_name(0)], signal.SIGSTOP)
-        assert_refused_after_the_bound(gateway, "stalled:key")
+        assert_refused_after_the_bound(gateway, "stalled:key", second)
