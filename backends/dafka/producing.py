@@ -297,6 +297,9 @@ class PartitionWriter:
         held = self.submitted - self.acked if self.internal else self._handover.unacked
         room = self._engine.settings.queue_max_messages - held
         full = room < len(values)
+        if full and not self.internal and self._engine.fail_stranded_writers():
+            room = self._engine.settings.queue_max_messages - self._handover.unacked
+            full = room < len(values)
         if full:
             values = values[: max(room, 0)]
         if values:
@@ -312,6 +315,13 @@ class PartitionWriter:
         if full:
             raise QueueFullError(QUEUE_FULL, len(values))
         return self.submitted
+
+    def fail_if_on(self, dead: set[Publisher]) -> None:
+        """Fail now if this writer's partition is on one of these dead actors: its records
+        not acknowledged never will be (it would fail only at its next record)."""
+        producer = self._producer
+        if self.failed is None and producer is not None and producer.owner in dead:
+            self.fail(RuntimeError("the Dafka writers' actor stopped"), self.submitted - self.acked)
 
     def _give_up_unacked(self) -> None:
         """This writer failed: its records not acknowledged never will be, and no longer
@@ -392,6 +402,7 @@ class PartitionWriter:
                 published=published,
             )
         self._first_sequence = head + 1
+        engine.note_writer_actor(publisher)
         return publisher.open(
             self.topic,
             address=self.address,

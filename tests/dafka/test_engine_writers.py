@@ -102,6 +102,31 @@ def test_a_new_actor_takes_over_when_the_shared_one_is_gone(
     run(body())
 
 
+def test_records_stranded_on_a_dead_actor_give_back_the_queue_at_once(
+    dafka_config: Config, store: Store
+) -> None:
+    """The queue (queue_max_messages) counts every partition's records not acknowledged:
+    full of records the dead actor will never send (closing it behind the engine's back
+    stands for its death, as above), it takes another topic's record at once, not after
+    the full queue's records failed at a hand-over that a full queue keeps from coming."""
+
+    async def body() -> None:
+        async with engine_on(dafka_config, partitions=1, queue_max_messages=2) as engine:
+            producer = engine.producer("s1")
+            producer.produce("stranded", None, b"kept")
+            assert await producer.flush(WAIT) == 0
+            producer.produce_many("stranded", None, [b"lost-1", b"lost-2"])  # the queue, full
+            engine.publisher().close(0)
+            producer.produce("elsewhere", None, b"taken")  # raised Queue full before
+            assert await producer.flush(WAIT) == 2, "the two records the dead actor held"
+            member = await engine.consumer("g", "c", ["stranded", "elsewhere"], {})
+            records = await take(member, 2)
+            assert sorted(r.value or b"" for r in records) == [b"kept", b"taken"]
+            await member.close()
+
+    run(body())
+
+
 def test_dump_waits_for_every_topic_behind_a_failed_writer_and_counts_its_records(
     dafka_config: Config, store: Store
 ) -> None:
