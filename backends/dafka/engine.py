@@ -210,8 +210,6 @@ class DafkaEngine(Engine):
         # (topic, key) -> writer, across passes, where the partition cannot change (see
         # writer_this_pass); cleared by any catalog change.
         self._writers_fixed: dict[tuple[str, bytes | None], PartitionWriter] = {}
-        # The actors the writers opened their partitions on (fail_stranded_writers).
-        self._writer_actors: set[Publisher] = set()
         self._writers_pass = -1
         self._writer_node = WriterNode(lambda: self.dafka_config, self._not_a_writer_peer)
         self.handover = Handover(
@@ -436,21 +434,15 @@ class DafkaEngine(Engine):
             or (reader is not None and address == reader.address)
         )
 
-    def note_writer_actor(self, publisher: Publisher) -> None:
-        """A writer opens its partition on `publisher` (the loop's thread, or a worker's
-        for the first writer)."""
-        self._writer_actors.add(publisher)
-
     def fail_stranded_writers(self) -> bool:
         """The writers whose actor died (a bug in its thread) fail now; whether any did.
         Called when the clients' queue is full: their records not acknowledged never will
         be, and a writer fails only at its next record, which a full queue never lets
         come (queue_max_messages counts every partition's). Cheap while the actors live:
         there is one, or a few after one died."""
-        dead = {actor for actor in list(self._writer_actors) if not actor.usable}
+        dead = self._writer_node.newly_stopped()
         if not dead:
             return False
-        self._writer_actors -= dead
         for writer in list(self._writers.values()):
             writer.fail_if_on(dead)
         return True

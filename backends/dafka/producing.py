@@ -67,6 +67,8 @@ class WriterNode:
         self._publisher: Publisher | None = None
         self._closed = False
         self._addresses: set[str] = set()  # of every actor made, before it started
+        self._made: list[Publisher] = []  # every actor made, in order
+        self._told_stopped: set[Publisher] = set()  # by newly_stopped (the loop's thread)
 
     def running(self) -> Publisher | None:
         """The actor if one runs and takes partitions now, without waiting (the loop's
@@ -93,7 +95,16 @@ class WriterNode:
                 publisher = self._publisher = Publisher(
                     self._config(), address=address, ignore_peers=self._ignore_peers
                 )
+                self._made.append(publisher)
             return publisher
+
+    def newly_stopped(self) -> set[Publisher]:
+        """The actors made here that stopped (died, or were closed) since the last call;
+        the loop's thread only."""
+        stopped = {actor for actor in list(self._made) if not actor.usable}
+        stopped -= self._told_stopped
+        self._told_stopped |= stopped
+        return stopped
 
     def made(self, address: str) -> bool:
         """Whether `address` is one of the actors made here, running or not (any thread:
@@ -319,8 +330,7 @@ class PartitionWriter:
     def fail_if_on(self, dead: set[Publisher]) -> None:
         """Fail now if this writer's partition is on one of these dead actors: its records
         not acknowledged never will be (it would fail only at its next record)."""
-        producer = self._producer
-        if self.failed is None and producer is not None and producer.owner in dead:
+        if self.failed is None and self.publisher in dead:
             self.fail(RuntimeError("the Dafka writers' actor stopped"), self.submitted - self.acked)
 
     def _give_up_unacked(self) -> None:
@@ -402,7 +412,6 @@ class PartitionWriter:
                 published=published,
             )
         self._first_sequence = head + 1
-        engine.note_writer_actor(publisher)
         return publisher.open(
             self.topic,
             address=self.address,
