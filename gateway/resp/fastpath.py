@@ -240,13 +240,7 @@ class _Repeat:
         key_end = key_start + len(second)
         value_start = len(encoded) - len(last) - 2
         self._remember(encoded, 0, key_start, key_end, value_start, len(last))
-        # The lengths of the last command taken with another second argument: its header
-        # up to that argument's data, the argument's length, the field after it, and the
-        # length of the last argument.
-        self.other = encoded[:key_start]
-        self.key_length = len(second)
-        self.value_field = encoded[key_end:value_start]
-        self.value_length = len(last)
+        self._measure(encoded, 0, key_start, key_end, value_start, len(last))
 
     def _remember(
         self, buf: bytes, pos: int, key_start: int, key_end: int, value_start: int, length: int
@@ -258,6 +252,15 @@ class _Repeat:
         self.head = buf[pos : key_end + 3]
         self.sized = buf[pos:value_start]
         self.length = length
+
+    def _measure(
+        self, buf: bytes, pos: int, key_start: int, key_end: int, value_start: int, length: int
+    ) -> None:
+        """The command at buf[pos:] as the last taken with another second argument: the
+        next such command is compared with its header up to that argument's data, the
+        argument's length, the field after it and the last argument's length."""
+        self.other, self.key_length = buf[pos:key_start], key_end - key_start
+        self.value_field, self.value_length = buf[key_end:value_start], length
 
     def take(self, buf: bytes, pos: int, end: int, ready: deque[list[bytes]]) -> int:
         """Append the repeats starting at buf[pos:end] to `ready`; return the index after
@@ -339,8 +342,7 @@ class _Repeat:
         start, length = field
         if start + length + 2 - pos > self.max_query:
             return None
-        self.other, self.key_length = buf[pos:key_start], key_length
-        self.value_field, self.value_length = buf[key_end:start], length
+        self._measure(buf, pos, key_start, key_end, start, length)
         return key_start, key_end, start, length
 
 
