@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import zlib
 from pathlib import Path
 
 import structlog
@@ -18,6 +17,7 @@ from backends.base import Producer, Record
 from backends.dafka.config import Config
 from backends.dafka.engine import DafkaEngine
 from backends.dafka.groups import MIN_SHARE, Member
+from backends.dafka.partitions import make_partitioner
 from backends.dafka.store import Store
 from backends.dafka.tower import Tower
 from tests.dafka.stores import other_db
@@ -436,8 +436,9 @@ def test_partitions_found_one_by_one_give_back_what_a_larger_share_granted(
     not most of it in the first partitions."""
     partitions, budget = 8, 8 * MIN_SHARE
     keys: dict[int, bytes] = {}
+    partition = make_partitioner("consistent_random")  # the settings' partitioner
     for n in itertools.count():
-        keys.setdefault(zlib.crc32(b"k%d" % n) % partitions, b"k%d" % n)
+        keys.setdefault(partition(b"k%d" % n, partitions), b"k%d" % n)
         if len(keys) == partitions:
             break
 
