@@ -6,10 +6,14 @@
 # id is the process's. Never fails a build; a measuring aid.
 #
 # Usage: bench/thread_cpu.sh PIPELINE COMMANDS [TREE] (e.g. `bench/thread_cpu.sh 1 200000`).
+# With TOPICS=N in the environment, each RPUSHX goes to one of N topics at random
+# (redis-benchmark -r N), one when unset.
 set -u
 P=$1; N=$2; TREE=$(cd "${3:-$(dirname "$0")/..}" && pwd)
+KEY=topics:t; SPREAD=()
+if [ "${TOPICS:-1}" -gt 1 ]; then KEY=topics:t__rand_int__; SPREAD=(-r "$TOPICS"); fi
 . "$(dirname "$0")/gateway.sh"
-start_gateway "$TREE" "$P"
+start_gateway "$TREE" "$P" "${SPREAD[@]}" RPUSHX "$KEY" v
 snapshot() {
   for p in $PID $(pgrep -P $PID); do
     for t in /proc/$p/task/*; do
@@ -19,7 +23,7 @@ snapshot() {
   done
 }
 BEFORE=$(snapshot)
-redis-benchmark -p "$PORT" -c 50 -n "$N" -P "$P" -q RPUSHX topics:t v 2>&1 | tr '\r' '\n' \
+redis-benchmark -p "$PORT" -c 50 -n "$N" -P "$P" "${SPREAD[@]}" -q RPUSHX "$KEY" v 2>&1 | tr '\r' '\n' \
   | grep -v '^$' | tail -1
 AFTER=$(snapshot)
 stop_gateway

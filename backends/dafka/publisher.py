@@ -540,12 +540,19 @@ class Publisher(Actor):
 
         ACKs are read in place (`proto.decode_ack`): with records spread over many
         partitions a store ACKs about every record on its own, and the codec's decode cost
-        as much as sending the record. Anything else is decoded."""
+        as much as sending the record. Anything else is decoded.
+
+        ACK and FETCH are one frame each: a message is received frame by frame, as
+        bytes (0.2 µs, where `recv_multipart` asks libzmq whether more frames follow
+        after each, 1.6 µs). The frames of a malformed message of several are then judged
+        one by one as messages: ZeroMQ delivers a message whole, so no other peer's
+        frames come between, and a frame passes for an ACK only if it names one of our
+        partitions, as a well-formed ACK would."""
         acked: dict[Partition, int] = {}
-        recv = sub.recv_multipart
+        recv = sub.recv
         for _ in range(_BATCH):
             try:
-                frames = recv(zmq.NOBLOCK)
+                frames = [recv(zmq.NOBLOCK)]
             except zmq.Again:
                 break
             fast = proto.decode_ack(frames)
