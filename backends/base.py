@@ -202,17 +202,18 @@ class EngineError(Exception):
 
 
 class ProduceError(EngineError):
-    """Produce refused at once, e.g. `Local: Queue full` (gateway answers `PROD <text>`)."""
-
-
-class QueueFullError(ProduceError):
-    """Refused because the engine's queue of records not yet durable is full (`Local:
-    Queue full`): transient, room comes as queued records become durable or fail.
-    `enqueued`: how many values of the refused call went in before the refusal."""
+    """Produce refused at once, e.g. `Local: Queue full` (gateway answers `PROD <text>`).
+    `enqueued`: how many values of the refused call (`produce_many`) went in before the
+    refusal."""
 
     def __init__(self, text: str, enqueued: int = 0) -> None:
         super().__init__(text)
         self.enqueued = enqueued
+
+
+class QueueFullError(ProduceError):
+    """Refused because the engine's queue of records not yet durable is full (`Local:
+    Queue full`): transient, room comes as queued records become durable or fail."""
 
 
 class ProducerCreationError(EngineError):
@@ -350,14 +351,19 @@ class Producer(ABC):
     def produce_many(self, topic: str, key: bytes | None, values: Sequence[bytes]) -> int:
         """Enqueue `values` in order, all with `key`; return how many were enqueued.
 
-        On the first refused record, raise its ProduceError: the records before it stay
-        enqueued (they count as produced and outstanding, and are delivered), the refused
-        one and those after it are not enqueued. This default loops over produce();
-        engines override it to pay their per-call costs once per batch.
+        On the first refused record, raise its ProduceError, whose `enqueued` says how
+        many went in: the records before it stay enqueued (they count as produced and
+        outstanding, and are delivered), the refused one and those after it are not
+        enqueued. This default loops over produce(); engines override it to pay their
+        per-call costs once per batch.
         """
         produce = self.produce
-        for value in values:
-            produce(topic, key, value)
+        for enqueued, value in enumerate(values):
+            try:
+                produce(topic, key, value)
+            except ProduceError as refused:
+                refused.enqueued = enqueued
+                raise
         return len(values)
 
     async def wait_for_room(self, timeout: float) -> None:

@@ -306,7 +306,7 @@ class Connection(asyncio.Protocol):
         if not session.authenticated or session.ctx.monitors.registered:
             return self._execute(command)
         try:
-            answers = rpushx_run(session, command, self._parser.next_named)
+            answers = rpushx_run(session, command, self._parser)
         except Exception:
             log.exception("command failed", client=session.id, command=command[:1])
             return ErrorReply(errors.internal_error().text)

@@ -422,8 +422,8 @@ def _refusal(exc: Exception, enqueued: int) -> ProduceError:
     if isinstance(exc, BufferError):
         return QueueFullError(QUEUE_FULL, enqueued)
     if isinstance(exc, KafkaException):
-        return ProduceError(error_text(exc))
-    return ProduceError(str(exc))
+        return ProduceError(error_text(exc), enqueued)
+    return ProduceError(str(exc), enqueued)
 
 
 def _wake(future: asyncio.Future[None]) -> None:

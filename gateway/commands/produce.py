@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import enum
 import time
-from collections.abc import Callable, Sequence
-from typing import TypeAlias
+from collections.abc import Sequence
+from typing import Protocol, TypeAlias
 
 import structlog
 
@@ -72,24 +73,38 @@ def rpushx(session: Session, args: list[bytes]) -> Answer:
 RunAnswer: TypeAlias = "Answer | errors.RespError"
 
 
-def rpushx_run(
-    session: Session, args: list[bytes], following: Callable[[bytes], list[bytes] | None]
-) -> list[RunAnswer]:
+class Pipeline(Protocol):
+    """Where rpushx_run takes the commands parsed behind the first (the connection's
+    parser: gateway.resp.requests.RequestParser)."""
+
+    def next_named(self, name: bytes) -> list[bytes] | None: ...
+
+    def next_like(self, name: bytes, first: bytes) -> list[bytes] | None: ...
+
+    def give_back(self, commands: Sequence[list[bytes]]) -> None: ...
+
+
+def rpushx_run(session: Session, args: list[bytes], pipeline: Pipeline) -> list[RunAnswer]:
     """RPUSHX `args`, then each RPUSHX (the same command name, any key) already parsed
-    behind it (`following(name)` takes the next one, or None), exactly as one rpushx()
-    each (which the connection may call in their place once it knows no MONITOR, latency
-    clock or AUTH needs to see each command): the answers in order. The last answer may
-    be one that waits (room in the queue); then no command after it was taken.
+    behind it, exactly as one rpushx() each (which the connection may call in their
+    place once it knows no MONITOR, latency clock or AUTH needs to see each command): the
+    answers in order. The last answer may be one that waits (room in the queue); then no
+    command after it was taken.
 
     Paid once per run instead of per command: the connection's dispatch and the
     session's producer look-up; the key's parsing once per change of key (a pipeline
-    over 1,000 topics changes it at every command)."""
+    over 1,000 topics changes it at every command); and the engine's produce call once
+    per run of commands to the same key (`_produce_run`)."""
     answers: list[RunAnswer] = []
     name = args[0]
     raw_key = b""  # no key is empty: RPUSHX's key has a colon
     topic: str = ""
     key: bytes | None = None
     producer = session.producer
+    # Runs to one key are produced together until one is refused: the commands behind
+    # the refusal, given back, then run one by one (taken again as a run each time, a
+    # pipeline of n commands that all find the queue full would cost n * n / 2).
+    together = True
     while True:
         count = len(args) - 2
         try:
@@ -99,11 +114,18 @@ def rpushx_run(
                 topic, key = _TARGETS.get(raw_key) or _target(raw_key)
             if producer is None:
                 producer = session_producer(session)
-            if count == 1:
-                producer.produce(topic, key, args[2])
+            same = pipeline.next_like(name, raw_key) if together else None
+            if same is not None:
+                ran = _produce_run(session, producer, topic, key, [args, same], pipeline, answers)
+                if ran is _Ran.WAITS:
+                    return answers  # it waits: the commands behind it run after it
+                together = ran is _Ran.ALL
             else:
-                producer.produce_many(topic, key, args[2:])
-            answers.append(count)
+                if count == 1:
+                    producer.produce(topic, key, args[2])
+                else:
+                    producer.produce_many(topic, key, args[2:])
+                answers.append(count)
         except errors.RespError as error:  # the key's form, or no producer: as rpushx()
             raw_key = b""
             answers.append(error)
@@ -121,10 +143,65 @@ def rpushx_run(
         except Exception:  # as the connection answers a command that failed
             log.exception("command failed", client=session.id, command=[name])
             answers.append(errors.internal_error())
-        after = following(name)
+        after = pipeline.next_named(name)
         if after is None:
             return answers
         args = after
+
+
+class _Ran(enum.Enum):
+    """What _produce_run did with its run."""
+
+    ALL = enum.auto()  # every command's values enqueued
+    REFUSED = enum.auto()  # one answered with an error; those after it given back
+    WAITS = enum.auto()  # one waits for room (the last answer); those after it given back
+
+
+def _produce_run(
+    session: Session,
+    producer: Producer,
+    topic: str,
+    key: bytes | None,
+    run: list[list[bytes]],
+    pipeline: Pipeline,
+    answers: list[RunAnswer],
+) -> _Ran:
+    """RPUSHX commands to one key, `run` (the first two: the rest are taken here), as
+    one produce_many of all their values, each answered as if run alone: those before
+    a refused value with their counts; the one holding it with the refusal, which may
+    wait for room; the ones after it are given back to the pipeline, to run as if they
+    came next. `redis-benchmark -P 16` sends 16 RPUSHX to one key per read: one engine
+    call instead of 16."""
+    name, raw_key = run[0][0], run[0][1]
+    while (same := pipeline.next_like(name, raw_key)) is not None:
+        run.append(same)
+    values = [value for command in run for value in command[2:]]
+    try:
+        producer.produce_many(topic, key, values)
+    except ProduceError as refused:
+        at = before = 0  # the command holding the refused value, and the values before it
+        while at < len(run) - 1 and before + len(run[at]) - 2 <= refused.enqueued:
+            before += len(run[at]) - 2
+            at += 1
+        answers.extend(len(command) - 2 for command in run[:at])
+        pipeline.give_back(run[at + 1 :])
+        if not isinstance(refused, QueueFullError):
+            answers.append(errors.from_engine(refused))
+            return _Ran.REFUSED
+        full = QueueFullError(str(refused), refused.enqueued - before)
+        try:
+            answer = _queue_full(session, producer, topic, key, run[at], full)
+        except errors.RespError as error:
+            answers.append(error)
+            return _Ran.REFUSED
+        answers.append(answer)
+        return _Ran.WAITS
+    except Exception:  # as the connection answers a command that failed, each of them
+        log.exception("command failed", client=session.id, command=[name])
+        answers.extend(errors.internal_error() for _ in run)
+        return _Ran.REFUSED
+    answers.extend(len(command) - 2 for command in run)
+    return _Ran.ALL
 
 
 def _queue_full(

@@ -77,6 +77,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -147,6 +148,16 @@ class RequestParser(ABC):
         """Take the next command if it is parsed already and is `name` with at least two
         arguments; else None, and nothing is taken."""
         return None
+
+    def next_like(self, name: bytes, first: bytes) -> list[bytes] | None:
+        """As next_named, and only if its first argument is `first`."""
+        return None
+
+    def give_back(self, commands: Sequence[list[bytes]]) -> None:
+        """Put commands taken by next_named or next_like back, in their order, ahead of
+        the others: the next ones taken again."""
+        if commands:
+            raise NotImplementedError("this parser hands out no command before its turn")
 
 
 class FastPath(ABC):
@@ -265,6 +276,17 @@ class PythonRequestParser(RequestParser):
             if len(command) > 2 and command[0] == name:
                 return ready.popleft()
         return None
+
+    def next_like(self, name: bytes, first: bytes) -> list[bytes] | None:
+        ready = self._ready
+        if ready:
+            command = ready[0]
+            if len(command) > 2 and command[1] == first and command[0] == name:
+                return ready.popleft()
+        return None
+
+    def give_back(self, commands: Sequence[list[bytes]]) -> None:
+        self._ready.extendleft(reversed(commands))
 
     def get_command(self) -> list[bytes] | None:
         if self._ready:

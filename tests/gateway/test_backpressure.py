@@ -95,6 +95,40 @@ def test_without_a_bound_a_full_queue_answers_queue_full_at_once(
         assert ("-", "PROD Local: Queue full") in replies
 
 
+@pytest.mark.parametrize("engine", GATEWAY_ENGINES)
+def test_a_refusal_inside_a_run_of_rpushx_answers_each_as_if_alone(
+    engines: EngineFactories, engine: str
+) -> None:
+    """300 one-value RPUSHX to one key, pipelined, without a bound: the gateway produces
+    each run of them with one engine call, which the full queue refuses part of. Each
+    command must still be answered for itself: the records stored are exactly those of
+    the commands answered 1, in order, and every other one is answered Queue full."""
+    topic = engines(engine).new_topic(1)
+    values = [b"v%03d" % n for n in range(300)]
+    config = tiny_queue(engines, engine, produce_block_timeout=0)
+    with running(config) as gateway, Raw(gateway.port, timeout=60) as raw:
+        raw.send(b"".join(rpushx(topic, value) for value in values))
+        replies = [raw.read_reply() for _ in values]
+        refused = ("-", "PROD Local: Queue full")
+        assert set(replies) <= {1, refused}, f"other answers: {set(replies) - {1, refused}}"
+        assert refused in replies, "the queue was never full: nothing was tested"
+        raw.command("DUMP", "30000")
+        assert raw.read_reply() == 0
+        accepted = [value for value, reply in zip(values, replies, strict=True) if reply == 1]
+        raw.command("CLIENT", "SETNAME", "run:reader")
+        assert raw.read_reply() == b"OK"
+        got: list[bytes] = []
+        deadline = time.monotonic() + 30
+        while len(got) < len(accepted) and time.monotonic() < deadline:
+            raw.command("BLMPOP", "1", "1", f"topics:{topic}", "LEFT", "COUNT", "500")
+            reply = raw.read_reply()
+            if reply is not None:
+                got += [record[7] for record in reply[1]]
+        raw.command("BLMPOP", "1", "1", f"topics:{topic}", "LEFT", "COUNT", "500")
+        assert raw.read_reply() is None, "records of refused commands were stored"
+        assert got == accepted, "the records of the commands answered 1, in order"
+
+
 @pytest.fixture
 def stalled_dafka(tmp_path: Path) -> Iterator[tuple[Config, EmbeddedNetwork]]:
     network = EmbeddedNetwork(tmp_path / "dafka", stores=1)

@@ -17,6 +17,7 @@ from gateway.config import from_dict
 from gateway.runner import ServerThread
 from tests.support.fixtures import GatewayConfig
 from tests.support.gateway import Raw, client, running
+from tests.support.resp import command as resp_command
 from tests.support.tansu import TansuBroker
 from tests.support.waiting import wait_until
 
@@ -288,6 +289,25 @@ def test_rpushx_refused_value_keeps_the_values_before_it(
         with named(server, f"{group()}:partial") as raw:
             values = [consume(raw, f"topics:{fresh}", "1").split(b"\r\n")[-2] for _ in range(3)]
             assert values == [b"a", b"b", b"end"]
+
+
+def test_pipelined_rpushx_refused_in_a_run_answers_each_alone(
+    gateway_config: GatewayConfig, tansu: TansuBroker
+) -> None:  # RPUSHX to one key, pipelined, are produced together: one refused in the middle
+    fresh = tansu.create_topic(1)
+    key = f"topics:{fresh}".encode()
+    huge = b"x" * 2_000_000  # over librdkafka's message.max.bytes: refused at once
+    sent = [[b"a"], [b"b"], [huge], [b"c"], [b"d", b"e"], [b"f"]]
+    with running(gateway_config("kafka")) as server:
+        with Raw(server.port, timeout=20) as raw:
+            raw.send(b"".join(resp_command(b"RPUSHX", key, *values) for values in sent))
+            replies = [raw.read_reply() for _ in sent]
+            assert replies == [1, 1, ("-", "PROD Broker: Message size too large"), 1, 2, 1]
+            raw.command("DUMP", "5000")
+            raw.expect(b":0\r\n")
+        with named(server, f"{group()}:run") as raw:
+            values = [consume(raw, f"topics:{fresh}", "1").split(b"\r\n")[-2] for _ in range(6)]
+            assert values == [b"a", b"b", b"c", b"d", b"e", b"f"]
 
 
 def test_concurrent_producers(server: ServerThread, topic: str) -> None:  # G9
