@@ -173,17 +173,25 @@ def _produce_run(
     came next. `redis-benchmark -P 16` sends 16 RPUSHX to one key per read: one engine
     call instead of 16."""
     name, raw_key = run[0][0], run[0][1]
+    single = len(run[0]) == len(run[1]) == 3  # one value each, as redis-benchmark's
     while (same := pipeline.next_like(name, raw_key)) is not None:
         run.append(same)
-    values = [value for command in run for value in command[2:]]
+        if len(same) != 3:
+            single = False
+    if single:
+        values = [command[2] for command in run]
+        counts = [1] * len(run)
+    else:
+        values = [value for command in run for value in command[2:]]
+        counts = [len(command) - 2 for command in run]
     try:
         producer.produce_many(topic, key, values)
     except ProduceError as refused:
         at = before = 0  # the command holding the refused value, and the values before it
-        while at < len(run) - 1 and before + len(run[at]) - 2 <= refused.enqueued:
-            before += len(run[at]) - 2
+        while at < len(run) - 1 and before + counts[at] <= refused.enqueued:
+            before += counts[at]
             at += 1
-        answers.extend(len(command) - 2 for command in run[:at])
+        answers.extend(counts[:at])
         pipeline.give_back(run[at + 1 :])
         if not isinstance(refused, QueueFullError):
             answers.append(errors.from_engine(refused))
@@ -200,7 +208,7 @@ def _produce_run(
         log.exception("command failed", client=session.id, command=[name])
         answers.extend(errors.internal_error() for _ in run)
         return _Ran.REFUSED
-    answers.extend(len(command) - 2 for command in run)
+    answers.extend(counts)
     return _Ran.ALL
 
 
