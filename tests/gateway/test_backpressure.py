@@ -55,6 +55,21 @@ def pipeline(topic: str) -> tuple[bytes, list[bytes], list[int]]:
     return data, values, [1] * 200 + [20] * 5
 
 
+def read_all(raw: Raw, topic: str, count: int) -> list[bytes]:
+    """Join a group on `topic` and read `count` records (fewer if they do not come
+    within 30 s): their values, in the order read."""
+    raw.command("CLIENT", "SETNAME", f"{topic}:reader")
+    assert raw.read_reply() == b"OK"
+    got: list[bytes] = []
+    deadline = time.monotonic() + 30
+    while len(got) < count and time.monotonic() < deadline:
+        raw.command("BLMPOP", "1", "1", f"topics:{topic}", "LEFT", "COUNT", "500")
+        reply = raw.read_reply()
+        if reply is not None:
+            got += [record[7] for record in reply[1]]
+    return got
+
+
 @pytest.mark.parametrize("engine", GATEWAY_ENGINES)
 def test_records_beyond_the_queue_wait_for_room_and_all_arrive_in_order(
     engines: EngineFactories, engine: str
@@ -68,16 +83,7 @@ def test_records_beyond_the_queue_wait_for_room_and_all_arrive_in_order(
         assert replies == counts, f"refused or lost: {[r for r in replies if r not in (1, 20)]}"
         raw.command("DUMP", "30000")
         assert raw.read_reply() == 0
-        raw.command("CLIENT", "SETNAME", "bp:reader")
-        assert raw.read_reply() == b"OK"
-        got: list[bytes] = []
-        deadline = time.monotonic() + 30
-        while len(got) < len(values) and time.monotonic() < deadline:
-            raw.command("BLMPOP", "2", "1", f"topics:{topic}", "LEFT", "COUNT", "500")
-            reply = raw.read_reply()
-            if reply is not None:
-                got += [record[7] for record in reply[1]]
-        assert got == values, "every record once, in the order sent"
+        assert read_all(raw, topic, len(values)) == values, "every record once, in order"
 
 
 @pytest.mark.parametrize("engine", GATEWAY_ENGINES)
@@ -115,15 +121,7 @@ def test_a_refusal_inside_a_run_of_rpushx_answers_each_as_if_alone(
         raw.command("DUMP", "30000")
         assert raw.read_reply() == 0
         accepted = [value for value, reply in zip(values, replies, strict=True) if reply == 1]
-        raw.command("CLIENT", "SETNAME", "run:reader")
-        assert raw.read_reply() == b"OK"
-        got: list[bytes] = []
-        deadline = time.monotonic() + 30
-        while len(got) < len(accepted) and time.monotonic() < deadline:
-            raw.command("BLMPOP", "1", "1", f"topics:{topic}", "LEFT", "COUNT", "500")
-            reply = raw.read_reply()
-            if reply is not None:
-                got += [record[7] for record in reply[1]]
+        got = read_all(raw, topic, len(accepted))
         raw.command("BLMPOP", "1", "1", f"topics:{topic}", "LEFT", "COUNT", "500")
         assert raw.read_reply() is None, "records of refused commands were stored"
         assert got == accepted, "the records of the commands answered 1, in order"
