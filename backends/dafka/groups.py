@@ -13,8 +13,10 @@ one member at a time:
   granted to the reader, `reader.py`, which only fetches what there is room for): the
   group's `dafka.group_buffer` split equally among the most partitions it has read, at
   least MIN_SHARE and at most gateway.consume_batch (credit granted under a larger share
-  is taken back as partitions are found). Unbounded by the partition count, a group
-  reading 1,000 partitions held up to 500 records of each.
+  is taken back as partitions are found, and a take grants more only within the buffer,
+  all partitions together, or MIN_SHARE to a partition with nothing on its way).
+  Unbounded by the partition count, a group reading 1,000 partitions held up to 500
+  records of each.
 - A partition starts at the group's committed offset; without one, at `auto.offset.reset`:
   earliest (the oldest record the stores keep) or latest (after the head known when the
   member joined); partitions found later start at their beginning.
@@ -106,6 +108,9 @@ class Group:
         self._share = self._most  # records a partition may have on their way
         self._shared_by = 0  # the partition count `_share` was computed for
         self._reclaimed_at = self._most  # the share credit above was last taken back at
+        # Records buffered or granted, all partitions together (each one's len(buffer) +
+        # credit): what a member's take may grant more of only within the budget.
+        self.held = 0
         # Until then, partitions the reader finds start past their head for a `latest`
         # group: the stores' answers to the join's GET_HEADS (existing partitions).
         self._latest_until = 0.0
@@ -146,6 +151,7 @@ class Group:
                 cut = min(part.credit, len(part.buffer) + part.credit - share)
                 if part.started and cut > 0:
                     part.credit -= cut
+                    self.held -= cut
                     self._reader.grant((self.name, part.topic, part.address), -cut)
 
     def _start_known(self, topic: str, reset: str) -> None:
@@ -177,9 +183,11 @@ class Group:
         by default)."""
         part.started = True
         part.position = part.acked = part.expected = offset
+        self.held -= len(part.buffer) + part.credit
         part.buffer.clear()
         part.generation += 1
         part.credit = self._share if credit is None else min(credit, self._share)
+        self.held += part.credit
         self._reader.start(
             (self.name, part.topic, part.address),
             part.topic,
@@ -323,6 +331,7 @@ class Group:
                 return
             part.credit -= 1
             if not (part.expected == part.position == part.acked and seq > part.expected):
+                self.held -= 1  # its credit spent, nothing buffered
                 return
             # The stores' oldest record: retention took the ones before.
             part.position = part.acked = seq
@@ -377,6 +386,7 @@ class Group:
         offset = part.position
         key, value = unwrap(part.buffer.popleft())
         part.position = offset + 1
+        self.held -= 1
         self._after_take(member, part)
         return Record(part.topic, part.number, offset, key, value, None)
 
@@ -394,6 +404,7 @@ class Group:
                 key, value = unwrap(buffer.popleft())
                 records.append(Record(topic, number, offset, key, value, None))
                 offset += 1
+            self.held -= offset - part.position
             part.position = offset
             self._after_take(member, part)
         return records
@@ -406,9 +417,23 @@ class Group:
         # What the reader may still bring: its credit (less what was taken in process).
         share = self._share
         room = share - len(part.buffer) - part.credit
-        if room >= share // 2:
-            part.credit += room
-            self._reader.grant((self.name, part.topic, part.address), room)
+        if room < share // 2:
+            return
+        # Within the group's budget: the partitions found first, granted a larger share
+        # while few shared the buffer, may still hold it. Past it, a partition with
+        # records to take or coming waits (it is taken from again), and one with none
+        # gets MIN_SHARE: it is never left without records on their way.
+        free = self._budget - self.held
+        if room > free:
+            if part.buffer or part.credit > 0:
+                if free < share // 2:
+                    return
+                room = free
+            else:
+                room = max(free, min(room, MIN_SHARE))
+        part.credit += room
+        self.held += room
+        self._reader.grant((self.name, part.topic, part.address), room)
 
     def ack(self, member: Member, topic: str, number: int, offset: int) -> None:
         part = self.by_number.get((topic, number))

@@ -6,7 +6,9 @@ whichever path a record came by first."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
+from collections.abc import Mapping
 from pathlib import Path
 
 import structlog
@@ -16,7 +18,7 @@ from zmq.utils.monitor import recv_monitor_message
 from backends.base import Producer, Record
 from backends.dafka.config import Config
 from backends.dafka.engine import DafkaEngine
-from backends.dafka.groups import MIN_SHARE, Member
+from backends.dafka.groups import MIN_SHARE, Member, _Partition
 from backends.dafka.partitions import make_partitioner
 from backends.dafka.store import Store
 from backends.dafka.tower import Tower
@@ -415,6 +417,7 @@ def test_a_group_reading_many_partitions_shares_its_buffer_among_them(network: C
             )
             assert [len(part.buffer) for part in parts] == [MIN_SHARE] * 8
             got = await take(member, len(values))
+            check_held(engine, "g")
             by_partition: dict[int, list[Record]] = {}
             for record in got:
                 by_partition.setdefault(record.partition, []).append(record)
@@ -462,10 +465,77 @@ def test_partitions_found_one_by_one_give_back_what_a_larger_share_granted(
                 WAIT,
                 "the group's buffer filled from the 1,600 records",
             )
+            check_held(engine, "g")  # the group's own count is right
             held = [len(part.buffer) + max(part.credit, 0) for part in parts]
             assert sum(held) <= budget * 4 // 3, f"records held or granted: {held}"
             got = await take(member, 200 * partitions)
             assert [r.value for r in got] == [b"v"] * 200 * partitions
+            check_held(engine, "g")
+            await member.close()
+
+    run(body())
+
+
+def found_and_filled(parts: Mapping[tuple[str, str], _Partition], count: int) -> bool:
+    """`count` partitions found, and the stores sent what each was granted."""
+    return len(parts) == count and all(part.credit <= 0 for part in parts.values())
+
+
+def check_held(engine: DafkaEngine, group: str) -> None:
+    """Group `group`'s own count of the records it holds or has granted (which bounds
+    what a take may grant) is right: its partitions' buffers and credit."""
+    state = engine._groups[group]
+    held = sum(len(part.buffer) + part.credit for part in state.parts.values())
+    assert state.held == held, f"the group counts {state.held} records held, it holds {held}"
+
+
+def test_partitions_found_one_by_one_over_a_backlog_stay_within_the_buffer(
+    network: Config,
+) -> None:
+    """Each partition has a backlog when the group finds it, and the member takes one
+    record as each is found: every take tops its partition up to the share of the time,
+    which the stores fill at once, so the first partitions found, granted large shares,
+    keep them buffered after the share has fallen (credit is taken back, records are
+    not). Takes grant only within the group's buffer (at least MIN_SHARE, so a partition
+    taken from always gets more): the group holds its buffer plus MIN_SHARE a partition
+    at most, where it held the sum of the shares it granted (8 partitions: up to 318
+    records against 128). Every record still comes once, each partition in order."""
+    partitions, budget, backlog = 16, 64 * MIN_SHARE, 600
+    keys: dict[int, bytes] = {}
+    partition = make_partitioner("consistent_random")  # the settings' partitioner
+    for n in itertools.count():
+        keys.setdefault(partition(b"k%d" % n, partitions), b"k%d" % n)
+        if len(keys) == partitions:
+            break
+
+    async def body() -> None:
+        async with engine_on(
+            network, consume_batch=500, partitions=partitions, group_buffer=budget
+        ) as engine:
+            member = await engine.consumer("g", "c", ["t"], {})
+            producer = engine.producer("s1")
+            parts = engine._groups["g"].parts
+            got: list[Record] = []
+            for number in range(partitions):
+                producer.produce_many("t", keys[number], [b"%d" % number] * backlog)
+                assert await producer.flush(WAIT) == 0
+                got += await take(member, number + 1)  # one of each partition found
+                await wait_until_async(
+                    functools.partial(found_and_filled, parts, number + 1),
+                    WAIT,
+                    f"partition {number} found, and every grant so far filled",
+                )
+                check_held(engine, "g")  # the group's own count is right
+                held = [len(part.buffer) + max(part.credit, 0) for part in parts.values()]
+                assert sum(held) <= budget + MIN_SHARE * partitions, f"records held: {held}"
+            got += await take(member, backlog * partitions - len(got))
+            check_held(engine, "g")
+            by_partition: dict[int, list[Record]] = {}
+            for record in got:
+                by_partition.setdefault(record.partition, []).append(record)
+            assert sorted(by_partition) == list(range(partitions))
+            for records in by_partition.values():
+                assert [r.offset for r in records] == list(range(backlog))
             await member.close()
 
     run(body())
