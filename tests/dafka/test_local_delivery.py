@@ -429,6 +429,17 @@ def test_a_group_reading_many_partitions_shares_its_buffer_among_them(network: C
     run(body())
 
 
+def one_key_per_partition(partitions: int) -> dict[int, bytes]:
+    """A key for each partition number, as the settings' partitioner places keys."""
+    keys: dict[int, bytes] = {}
+    partition = make_partitioner("consistent_random")
+    for n in itertools.count():
+        keys.setdefault(partition(b"k%d" % n, partitions), b"k%d" % n)
+        if len(keys) == partitions:
+            return keys
+    raise AssertionError("unreachable")
+
+
 def test_partitions_found_one_by_one_give_back_what_a_larger_share_granted(
     network: Config,
 ) -> None:
@@ -438,12 +449,7 @@ def test_partitions_found_one_by_one_give_back_what_a_larger_share_granted(
     (within a third: credit is taken back each time the share has fallen by a quarter),
     not most of it in the first partitions."""
     partitions, budget = 8, 8 * MIN_SHARE
-    keys: dict[int, bytes] = {}
-    partition = make_partitioner("consistent_random")  # the settings' partitioner
-    for n in itertools.count():
-        keys.setdefault(partition(b"k%d" % n, partitions), b"k%d" % n)
-        if len(keys) == partitions:
-            break
+    keys = one_key_per_partition(partitions)
 
     async def body() -> None:
         async with engine_on(
@@ -496,17 +502,13 @@ def test_partitions_found_one_by_one_over_a_backlog_stay_within_the_buffer(
     record as each is found: every take tops its partition up to the share of the time,
     which the stores fill at once, so the first partitions found, granted large shares,
     keep them buffered after the share has fallen (credit is taken back, records are
-    not). Takes grant only within the group's buffer (at least MIN_SHARE, so a partition
-    taken from always gets more): the group holds its buffer plus MIN_SHARE a partition
-    at most, where it held the sum of the shares it granted (8 partitions: up to 318
-    records against 128). Every record still comes once, each partition in order."""
+    not). Takes grant only within the group's buffer, or MIN_SHARE to a partition with
+    nothing on its way: the group holds its buffer plus MIN_SHARE a partition at most,
+    where it held about the sum of the shares it granted (here 1,338 records against a
+    buffer of 1,024 once 3 partitions were found). Every record still comes once, each
+    partition in order."""
     partitions, budget, backlog = 16, 64 * MIN_SHARE, 600
-    keys: dict[int, bytes] = {}
-    partition = make_partitioner("consistent_random")  # the settings' partitioner
-    for n in itertools.count():
-        keys.setdefault(partition(b"k%d" % n, partitions), b"k%d" % n)
-        if len(keys) == partitions:
-            break
+    keys = one_key_per_partition(partitions)
 
     async def body() -> None:
         async with engine_on(
