@@ -67,8 +67,9 @@ class WriterNode:
         self._publisher: Publisher | None = None
         self._closed = False
         self._addresses: set[str] = set()  # of every actor made, before it started
-        self._made: list[Publisher] = []  # every actor made, in order
-        self._told_stopped: set[Publisher] = set()  # by newly_stopped (the loop's thread)
+        # Every actor made, until newly_stopped reports it (appended under the lock by
+        # get(), any thread; removed by newly_stopped, the loop's thread: each is atomic).
+        self._unreported: list[Publisher] = []
 
     def running(self) -> Publisher | None:
         """The actor if one runs and takes partitions now, without waiting (the loop's
@@ -95,15 +96,15 @@ class WriterNode:
                 publisher = self._publisher = Publisher(
                     self._config(), address=address, ignore_peers=self._ignore_peers
                 )
-                self._made.append(publisher)
+                self._unreported.append(publisher)
             return publisher
 
     def newly_stopped(self) -> set[Publisher]:
         """The actors made here that stopped (died, or were closed) since the last call;
         the loop's thread only."""
-        stopped = {actor for actor in list(self._made) if not actor.usable}
-        stopped -= self._told_stopped
-        self._told_stopped |= stopped
+        stopped = {actor for actor in list(self._unreported) if not actor.usable}
+        for actor in stopped:
+            self._unreported.remove(actor)
         return stopped
 
     def made(self, address: str) -> bool:
@@ -333,9 +334,10 @@ class PartitionWriter:
         if self.failed is None and self.publisher in dead:
             self.fail(RuntimeError("the Dafka writers' actor stopped"), self.submitted - self.acked)
 
-    def _give_up_unacked(self) -> None:
-        """This writer failed: its records not acknowledged never will be, and no longer
-        take room in the gateway's queue (called once, where `failed` is first set)."""
+    def _set_failed(self, text: str) -> None:
+        """This writer fails with `text` (once): its records not acknowledged never will
+        be, and no longer take room in the gateway's queue."""
+        self.failed = text
         if not self.internal:
             self._handover.unacked -= self.submitted - self.acked
 
@@ -344,8 +346,7 @@ class PartitionWriter:
         try:
             self._producer = await asyncio.to_thread(lambda: self._open(engine.publisher()))
         except Exception as error:
-            self.failed = f"Local: Transport failure: {error}"
-            self._give_up_unacked()
+            self._set_failed(f"Local: Transport failure: {error}")
             log.error("cannot start partition writer", topic=self.topic, error=str(error))
             if not self.internal:
                 engine.stats.incr(Stats.DELIVERY_ERRORS, len(self._waiting))
@@ -387,8 +388,7 @@ class PartitionWriter:
         """The actor is gone: `lost` records handed to it never go out (loop thread)."""
         if self.failed is not None:
             return  # failed already (a conflict): counted then
-        self.failed = f"Local: Transport failure: {error}"
-        self._give_up_unacked()
+        self._set_failed(f"Local: Transport failure: {error}")
         log.error("partition writer failed", topic=self.topic, error=str(error))
         if not self.internal:
             self._engine.stats.incr(Stats.DELIVERY_ERRORS, lost)
@@ -433,8 +433,7 @@ class PartitionWriter:
         self._engine.observer.note_stored(self.topic, self.address, held)
         if self.failed is not None:
             return
-        self.failed = CONFLICT.format(held=held, topic=self.topic, number=self.number)
-        self._give_up_unacked()
+        self._set_failed(CONFLICT.format(held=held, topic=self.topic, number=self.number))
         self.replaceable = False
         log.error("partition writer conflict", topic=self.topic, partition=self.number, held=held)
         if not self.internal:
