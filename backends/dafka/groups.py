@@ -425,12 +425,12 @@ class Group:
         # gets MIN_SHARE: it is never left without records on their way.
         free = self._budget - self.held
         if room > free:
-            if part.buffer or part.credit > 0:
-                if free < share // 2:
-                    return
+            if not part.buffer and part.credit <= 0:
+                room = max(free, min(room, MIN_SHARE))
+            elif free >= share // 2:
                 room = free
             else:
-                room = max(free, min(room, MIN_SHARE))
+                return
         part.credit += room
         self.held += room
         self._reader.grant((self.name, part.topic, part.address), room)
