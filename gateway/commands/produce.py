@@ -106,7 +106,6 @@ def rpushx_run(session: Session, args: list[bytes], pipeline: Pipeline) -> list[
     # pipeline of n commands that all find the queue full would cost n * n / 2).
     together = True
     while True:
-        count = len(args) - 2
         try:
             # In rpushx()'s order: the key's form, then the session's producer.
             if args[1] != raw_key:
@@ -114,35 +113,17 @@ def rpushx_run(session: Session, args: list[bytes], pipeline: Pipeline) -> list[
                 topic, key = _TARGETS.get(raw_key) or _target(raw_key)
             if producer is None:
                 producer = session_producer(session)
-            same = pipeline.next_like(name, raw_key) if together else None
-            if same is not None:
-                ran = _produce_run(session, producer, topic, key, [args, same], pipeline, answers)
-                if ran is _Ran.WAITS:
-                    return answers  # it waits: the commands behind it run after it
-                together = ran is _Ran.ALL
-            else:
-                if count == 1:
-                    producer.produce(topic, key, args[2])
-                else:
-                    producer.produce_many(topic, key, args[2:])
-                answers.append(count)
         except errors.RespError as error:  # the key's form, or no producer: as rpushx()
             raw_key = b""
             answers.append(error)
-        except QueueFullError as full:
-            assert producer is not None  # it refused the values
-            try:
-                answer = _queue_full(session, producer, topic, key, args, full)
-            except errors.RespError as error:
-                answers.append(error)
-            else:
-                answers.append(answer)
-                return answers  # it waits: the commands behind it run after it
-        except ProduceError as error:
-            answers.append(errors.from_engine(error))
         except Exception:  # as the connection answers a command that failed
             log.exception("command failed", client=session.id, command=[name])
             answers.append(errors.internal_error())
+        else:
+            ran = _produce_run(session, producer, topic, key, args, pipeline, together, answers)
+            if ran is _Ran.WAITS:
+                return answers  # it waits: the commands behind it run after it
+            together = ran is _Ran.ALL
         after = pipeline.next_named(name)
         if after is None:
             return answers
@@ -162,22 +143,25 @@ def _produce_run(
     producer: Producer,
     topic: str,
     key: bytes | None,
-    run: list[list[bytes]],
+    first: list[bytes],
     pipeline: Pipeline,
+    together: bool,
     answers: list[RunAnswer],
 ) -> _Ran:
-    """RPUSHX commands to one key, `run` (the first two: the rest are taken here), as
-    one produce_many of all their values, each answered as if run alone: those before
-    a refused value with their counts; the one holding it with the refusal, which may
-    wait for room; the ones after it are given back to the pipeline, to run as if they
-    came next. `redis-benchmark -P 16` sends 16 RPUSHX to one key per read: one engine
-    call instead of 16."""
-    name, raw_key = run[0][0], run[0][1]
-    single = len(run[0]) == len(run[1]) == 3  # one value each, as redis-benchmark's
-    while (same := pipeline.next_like(name, raw_key)) is not None:
-        run.append(same)
-        if len(same) != 3:
-            single = False
+    """RPUSHX `first` and, when `together`, the RPUSHX to its key right behind it (taken
+    here), produced with one engine call, each answered as if run alone: those before a
+    refused value with their counts; the one holding it with the refusal, which may wait
+    for room; the ones after it are given back to the pipeline, to run as if they came
+    next. `redis-benchmark -P 16` sends 16 RPUSHX to one key per read: one engine call
+    instead of 16."""
+    run = [first]
+    single = len(first) == 3  # one value each, as redis-benchmark's
+    if together:
+        name, raw_key = first[0], first[1]
+        while (same := pipeline.next_like(name, raw_key)) is not None:
+            run.append(same)
+            if len(same) != 3:
+                single = False
     if single:
         values = [command[2] for command in run]
         counts = [1] * len(run)
@@ -185,14 +169,18 @@ def _produce_run(
         values = [value for command in run for value in command[2:]]
         counts = [len(command) - 2 for command in run]
     try:
-        producer.produce_many(topic, key, values)
+        if len(values) == 1:  # produce() is cheaper than produce_many() for one value
+            producer.produce(topic, key, values[0])
+        else:
+            producer.produce_many(topic, key, values)
     except ProduceError as refused:
         at = before = 0  # the command holding the refused value, and the values before it
         while at < len(run) - 1 and before + counts[at] <= refused.enqueued:
             before += counts[at]
             at += 1
         answers.extend(counts[:at])
-        pipeline.give_back(run[at + 1 :])
+        if at + 1 < len(run):
+            pipeline.give_back(run[at + 1 :])
         if not isinstance(refused, QueueFullError):
             answers.append(errors.from_engine(refused))
             return _Ran.REFUSED
@@ -205,7 +193,7 @@ def _produce_run(
         answers.append(answer)
         return _Ran.WAITS
     except Exception:  # as the connection answers a command that failed, each of them
-        log.exception("command failed", client=session.id, command=[name])
+        log.exception("command failed", client=session.id, command=first[:1])
         answers.extend(errors.internal_error() for _ in run)
         return _Ran.REFUSED
     answers.extend(counts)
