@@ -180,6 +180,9 @@ class EngineOptions:
 # backends.registry): the gateway keeps them without looking into them.
 EngineSettings: TypeAlias = object
 
+# What Producer.produce_runs enqueues: (topic, key, values), the values in order.
+Run: TypeAlias = "tuple[str, bytes | None, Sequence[bytes]]"
+
 
 @dataclass(frozen=True, slots=True)
 class EngineFlag:
@@ -365,6 +368,28 @@ class Producer(ABC):
                 refused.enqueued = enqueued
                 raise
         return len(values)
+
+    def produce_runs(self, runs: Sequence[Run]) -> int:
+        """Enqueue each run's values in order, with its topic and key, the runs in order,
+        as one produce_many() each; return how many values were enqueued.
+
+        On the first refused record, raise its ProduceError, whose `enqueued` counts the
+        values of all the runs that went in before it; none after it goes in. This
+        default calls produce() or produce_many() per run; engines override it to pay
+        their per-call costs once for all the runs (a pipeline over many topics).
+        """
+        enqueued = 0
+        for topic, key, values in runs:
+            try:
+                if len(values) == 1:
+                    self.produce(topic, key, values[0])
+                else:
+                    self.produce_many(topic, key, values)
+            except ProduceError as refused:
+                refused.enqueued += enqueued
+                raise
+            enqueued += len(values)
+        return enqueued
 
     async def wait_for_room(self, timeout: float) -> None:
         """After a QueueFullError: return once queued records (anyone's) have become

@@ -9,7 +9,13 @@ from typing import Protocol, TypeAlias
 
 import structlog
 
-from backends.base import ProduceError, Producer, ProducerCreationError, QueueFullError
+from backends.base import (
+    ProduceError,
+    Producer,
+    ProducerCreationError,
+    QueueFullError,
+    Run,
+)
 from gateway import errors
 from gateway.commands.base import Answer, Reply, text
 from gateway.goparse import GoParseError, parse_int
@@ -79,8 +85,6 @@ class Pipeline(Protocol):
 
     def next_named(self, name: bytes) -> list[bytes] | None: ...
 
-    def next_like(self, name: bytes, first: bytes) -> list[bytes] | None: ...
-
     def give_back(self, commands: Sequence[list[bytes]]) -> None: ...
 
 
@@ -91,36 +95,30 @@ def rpushx_run(session: Session, args: list[bytes], pipeline: Pipeline) -> list[
     answers in order. The last answer may be one that waits (room in the queue); then no
     command after it was taken.
 
-    Paid once per run instead of per command: the connection's dispatch and the
-    session's producer look-up; the key's parsing once per change of key (a pipeline
-    over 1,000 topics changes it at every command); and the engine's produce call once
-    per run of commands to the same key (`_produce_run`)."""
+    Paid once per batch of commands instead of per command: the connection's dispatch,
+    the session's producer look-up and the engine's produce call (`_produce_batch`); a
+    key's parsing once per change of key (a pipeline over 1,000 topics changes it at
+    every command)."""
     answers: list[RunAnswer] = []
     name = args[0]
-    raw_key = b""  # no key is empty: RPUSHX's key has a colon
-    topic: str = ""
-    key: bytes | None = None
-    producer = session.producer
-    # Runs to one key are produced together until one is refused: the commands behind
-    # the refusal, given back, then run one by one (taken again as a run each time, a
+    # Batches are produced together until one is refused: the commands behind the
+    # refusal, given back, then run one by one (taken again as a batch each time, a
     # pipeline of n commands that all find the queue full would cost n * n / 2).
     together = True
     while True:
         try:
             # In rpushx()'s order: the key's form, then the session's producer.
-            if args[1] != raw_key:
-                raw_key = args[1]
-                topic, key = _TARGETS.get(raw_key) or _target(raw_key)
+            target = _TARGETS.get(args[1]) or _target(args[1])
+            producer = session.producer
             if producer is None:
                 producer = session_producer(session)
         except errors.RespError as error:  # the key's form, or no producer: as rpushx()
-            raw_key = b""
             answers.append(error)
         except Exception:  # as the connection answers a command that failed
             log.exception("command failed", client=session.id, command=[name])
             answers.append(errors.internal_error())
         else:
-            ran = _produce_run(session, producer, topic, key, args, pipeline, together, answers)
+            ran = _produce_batch(session, producer, target, args, pipeline, together, answers)
             if ran is _Ran.WAITS:
                 return answers  # it waits: the commands behind it run after it
             together = ran is _Ran.ALL
@@ -131,62 +129,83 @@ def rpushx_run(session: Session, args: list[bytes], pipeline: Pipeline) -> list[
 
 
 class _Ran(enum.Enum):
-    """What _produce_run did with its run."""
+    """What _produce_batch did with its batch."""
 
     ALL = enum.auto()  # every command's values enqueued
     REFUSED = enum.auto()  # one answered with an error; those after it given back
     WAITS = enum.auto()  # one waits for room (the last answer); those after it given back
 
 
-def _produce_run(
+def _produce_batch(
     session: Session,
     producer: Producer,
-    topic: str,
-    key: bytes | None,
+    target: tuple[str, bytes | None],
     first: list[bytes],
     pipeline: Pipeline,
     together: bool,
     answers: list[RunAnswer],
 ) -> _Ran:
-    """RPUSHX `first` and, when `together`, the RPUSHX to its key right behind it (taken
-    here), produced with one engine call, each answered as if run alone: those before a
-    refused value with their counts; the one holding it with the refusal, which may wait
-    for room; the ones after it are given back to the pipeline, to run as if they came
-    next. `redis-benchmark -P 16` sends 16 RPUSHX to one key per read: one engine call
-    instead of 16."""
-    run = [first]
+    """RPUSHX `first` to `target` and, when `together`, the RPUSHX right behind it up to
+    one whose key does not parse (taken here), produced with one engine call, each
+    answered as if run alone: those before a refused value with their counts; the one
+    holding it with the refusal, which may wait for room; the ones after it are given
+    back to the pipeline, to run as if they came next.
+
+    The commands to one key in a row make one run (`Producer.produce_runs`):
+    `redis-benchmark -P 16` sends 16 RPUSHX to one key per read, one run of 16 values;
+    a pipeline round-robin over 100 topics, runs of one value, all in one call."""
+    values = first[2:]
+    runs: list[Run] = [(*target, values)]
+    batch = [first]
     single = len(first) == 3  # one value each, as redis-benchmark's
     if together:
         name, raw_key = first[0], first[1]
-        while (same := pipeline.next_like(name, raw_key)) is not None:
-            run.append(same)
-            if len(same) != 3:
-                single = False
-    if single:
-        values = [command[2] for command in run]
-        counts = [1] * len(run)
-    else:
-        values = [value for command in run for value in command[2:]]
-        counts = [len(command) - 2 for command in run]
+        next_named = pipeline.next_named
+        while (after := next_named(name)) is not None:
+            if after[1] == raw_key:
+                if len(after) == 3:
+                    values.append(after[2])
+                else:
+                    values.extend(after[2:])
+                    single = False
+            else:
+                next_target = _TARGETS.get(after[1])
+                if next_target is None:
+                    try:
+                        next_target = _target(after[1])
+                    except errors.RespError:  # answered with its error once these ran
+                        pipeline.give_back([after])
+                        break
+                raw_key = after[1]
+                values = after[2:]
+                runs.append((*next_target, values))
+                if len(after) != 3:
+                    single = False
+            batch.append(after)
     try:
-        if len(values) == 1:  # produce() is cheaper than produce_many() for one value
-            producer.produce(topic, key, values[0])
+        if len(runs) > 1:
+            producer.produce_runs(runs)
+        elif len(values) == 1:  # produce() is cheaper than produce_many() for one value
+            producer.produce(*target, values[0])
         else:
-            producer.produce_many(topic, key, values)
+            producer.produce_many(*target, values)
     except ProduceError as refused:
+        counts = [len(command) - 2 for command in batch]
         at = before = 0  # the command holding the refused value, and the values before it
-        while at < len(run) - 1 and before + counts[at] <= refused.enqueued:
+        while at < len(batch) - 1 and before + counts[at] <= refused.enqueued:
             before += counts[at]
             at += 1
         answers.extend(counts[:at])
-        if at + 1 < len(run):
-            pipeline.give_back(run[at + 1 :])
+        if at + 1 < len(batch):
+            pipeline.give_back(batch[at + 1 :])
         if not isinstance(refused, QueueFullError):
             answers.append(errors.from_engine(refused))
             return _Ran.REFUSED
         full = QueueFullError(str(refused), refused.enqueued - before)
+        held = batch[at]
+        topic, key = _TARGETS.get(held[1]) or _target(held[1])
         try:
-            answer = _queue_full(session, producer, topic, key, run[at], full)
+            answer = _queue_full(session, producer, topic, key, held, full)
         except errors.RespError as error:
             answers.append(error)
             return _Ran.REFUSED
@@ -194,9 +213,12 @@ def _produce_run(
         return _Ran.WAITS
     except Exception:  # as the connection answers a command that failed, each of them
         log.exception("command failed", client=session.id, command=first[:1])
-        answers.extend(errors.internal_error() for _ in run)
+        answers.extend(errors.internal_error() for _ in batch)
         return _Ran.REFUSED
-    answers.extend(counts)
+    if single:
+        answers.extend([1] * len(batch))
+    else:
+        answers.extend([len(command) - 2 for command in batch])
     return _Ran.ALL
 
 

@@ -149,12 +149,8 @@ class RequestParser(ABC):
         arguments; else None, and nothing is taken."""
         return None
 
-    def next_like(self, name: bytes, first: bytes) -> list[bytes] | None:
-        """As next_named, and only if its first argument is `first`."""
-        return None
-
     def give_back(self, commands: Sequence[list[bytes]]) -> None:
-        """Put commands taken by next_named or next_like back, in their order, ahead of
+        """Put commands taken by next_named back, in their order, ahead of
         the others: the next ones taken again."""
         if commands:
             raise NotImplementedError("this parser hands out no command before its turn")
@@ -274,14 +270,6 @@ class PythonRequestParser(RequestParser):
         if ready:
             command = ready[0]
             if len(command) > 2 and command[0] == name:
-                return ready.popleft()
-        return None
-
-    def next_like(self, name: bytes, first: bytes) -> list[bytes] | None:
-        ready = self._ready
-        if ready:
-            command = ready[0]
-            if len(command) > 2 and command[1] == first and command[0] == name:
                 return ready.popleft()
         return None
 

@@ -102,6 +102,45 @@ async def test_producing_counts_each_record_once_and_flush_waits_for_them(
 
 
 @asyncio_test
+async def test_produce_runs_enqueues_each_run_as_produce_many_would(
+    engine_factory: EngineFactory,
+) -> None:
+    """The runs of a pipeline over several topics in one call (what the gateway does
+    with pipelined RPUSHX): every value once, in its run's order within each topic and
+    key, keyed or not, counted once; values that look like an engine's own framing come
+    back as they were sent."""
+    first, second = engine_factory.new_topic(1), engine_factory.new_topic(1)
+    framed = b"\xffRK\x01 looks like a Dafka envelope"
+    runs: list[tuple[str, bytes | None, list[bytes]]] = [
+        (first, None, [b"a0", b"a1"]),
+        (second, b"k", [b"b0"]),
+        (first, None, [framed]),
+        (second, b"k", [b"b1", b"b2"]),
+        (first, None, [b"a2"]),
+    ]
+    async with engine_factory.running() as engine:
+        handle = engine.producer("s")
+        assert handle.produce_runs(runs) == 7
+        assert handle.produce_runs([]) == 0
+        assert engine.stats.get(Stats.PRODUCED) == 7
+        assert await handle.flush(WAIT) == 0
+        for topic, expected, key in (
+            (first, [b"a0", b"a1", framed, b"a2"], None),
+            (second, [b"b0", b"b1", b"b2"], b"k"),
+        ):
+            consumer = await engine.consumer(new_group(), "c1", [topic], {})
+            records = await consume(consumer, len(expected))
+            assert [r.value for r in records] == expected, topic
+            assert {r.key for r in records} == {key}, topic
+            assert await consumer.next(0.3) is None, "a record was delivered twice"
+            await consumer.close()
+        await handle.close(WAIT)
+        with pytest.raises(ProduceError) as refused:
+            handle.produce_runs(runs)
+        assert refused.value.enqueued == 0, "a closed handle takes none"
+
+
+@asyncio_test
 async def test_keyed_records_share_a_partition_and_offsets_count_up_by_one(
     engine_factory: EngineFactory,
 ) -> None:

@@ -101,30 +101,40 @@ def test_without_a_bound_a_full_queue_answers_queue_full_at_once(
         assert ("-", "PROD Local: Queue full") in replies
 
 
+@pytest.mark.parametrize("topics", [1, 3])
 @pytest.mark.parametrize("engine", GATEWAY_ENGINES)
-def test_a_refusal_inside_a_run_of_rpushx_answers_each_as_if_alone(
-    engines: EngineFactories, engine: str
+def test_a_refusal_inside_a_batch_of_rpushx_answers_each_as_if_alone(
+    engines: EngineFactories, engine: str, topics: int
 ) -> None:
-    """300 one-value RPUSHX to one key, pipelined, without a bound: the gateway produces
-    each run of them with one engine call, which the full queue refuses part of. Each
-    command must still be answered for itself: the records stored are exactly those of
-    the commands answered 1, in order, and every other one is answered Queue full."""
-    topic = engines(engine).new_topic(1)
+    """300 one-value RPUSHX, pipelined, without a bound: to one key, or two in a row to
+    each of 3 topics in turn. The gateway produces such a batch with one engine call
+    (runs of commands to one key, the runs of every key), which the full queue refuses
+    part of. Each command must still be answered for itself: the records stored in each
+    topic are exactly those of its commands answered 1, in order, and every other
+    command is answered Queue full."""
+    names = [engines(engine).new_topic(1) for _ in range(topics)]
     values = [b"v%03d" % n for n in range(300)]
+    topic_of = [names[n // 2 % topics] for n in range(len(values))]
     config = tiny_queue(engines, engine, produce_block_timeout=0)
     with running(config) as gateway, Raw(gateway.port, timeout=60) as raw:
-        raw.send(b"".join(rpushx(topic, value) for value in values))
+        raw.send(b"".join(map(rpushx, topic_of, values)))
         replies = [raw.read_reply() for _ in values]
         refused = ("-", "PROD Local: Queue full")
         assert set(replies) <= {1, refused}, f"other answers: {set(replies) - {1, refused}}"
         assert refused in replies, "the queue was never full: nothing was tested"
         raw.command("DUMP", "30000")
         assert raw.read_reply() == 0
-        accepted = [value for value, reply in zip(values, replies, strict=True) if reply == 1]
-        got = read_all(raw, topic, len(accepted))
-        raw.command("BLMPOP", "1", "1", f"topics:{topic}", "LEFT", "COUNT", "500")
-        assert raw.read_reply() is None, "records of refused commands were stored"
-        assert got == accepted, "the records of the commands answered 1, in order"
+        for topic in names:
+            accepted = [
+                value
+                for value, reply, to in zip(values, replies, topic_of, strict=True)
+                if reply == 1 and to == topic
+            ]
+            with Raw(gateway.port, timeout=60) as reader:
+                got = read_all(reader, topic, len(accepted))
+                reader.command("BLMPOP", "1", "1", f"topics:{topic}", "LEFT", "COUNT", "500")
+                assert reader.read_reply() is None, "records of refused commands were stored"
+            assert got == accepted, "the records of the commands answered 1, in order"
 
 
 @pytest.fixture

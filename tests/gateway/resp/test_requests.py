@@ -524,35 +524,32 @@ def test_property_both_parsers_agree_on_any_split(
             assert feed_pieces(parser_class(limits), pieces) == reference
 
 
-def test_runs_are_taken_by_name_and_first_argument_and_given_back_in_order(
-    make: MakeParser,
-) -> None:
-    """What the connection's RPUSHX runs take from the parser behind the first command:
-    next_like only the next command if both its name and its first argument match (and
-    it has a value), next_named any first argument; what give_back returns comes next,
-    in its order, before the rest."""
+def test_batches_are_taken_by_name_and_given_back_in_order(make: MakeParser) -> None:
+    """What the connection's RPUSHX batches take from the parser behind the first
+    command: next_named only the next command if its name matches and it has a value
+    (any first argument); what give_back returns comes next, in its order, before the
+    rest."""
     parser = make()
     parser.feed(
         multibulk(b"RPUSHX", b"topics:a", b"1")
         + multibulk(b"RPUSHX", b"topics:a", b"2")
-        + multibulk(b"RPUSHX", b"topics:a", b"3", b"4")
-        + multibulk(b"RPUSHX", b"topics:b", b"5")
+        + multibulk(b"RPUSHX", b"topics:b", b"3", b"4")
+        + multibulk(b"rpushx", b"topics:b", b"5")
         + multibulk(b"RPUSHX", b"topics:b")
         + multibulk(b"PING")
     )
     first = parser.get_command()
     assert first == [b"RPUSHX", b"topics:a", b"1"]
-    second = parser.next_like(b"RPUSHX", b"topics:a")
-    third = parser.next_like(b"RPUSHX", b"topics:a")
-    assert [second, third] == [[b"RPUSHX", b"topics:a", b"2"], [b"RPUSHX", b"topics:a", b"3", b"4"]]
-    assert parser.next_like(b"RPUSHX", b"topics:a") is None, "another key"
-    assert parser.next_like(b"rpushx", b"topics:b") is None, "another spelling"
+    second = parser.next_named(b"RPUSHX")
+    third = parser.next_named(b"RPUSHX")
+    assert [second, third] == [[b"RPUSHX", b"topics:a", b"2"], [b"RPUSHX", b"topics:b", b"3", b"4"]]
+    assert parser.next_named(b"RPUSHX") is None, "another spelling"
     assert second is not None and third is not None
     parser.give_back([second, third])
     assert parser.next_named(b"RPUSHX") == second
     assert parser.next_named(b"RPUSHX") == third
-    assert parser.next_like(b"RPUSHX", b"topics:b") == [b"RPUSHX", b"topics:b", b"5"]
-    assert parser.next_like(b"RPUSHX", b"topics:b") is None, "no value: left to dispatch"
+    assert parser.next_named(b"rpushx") == [b"rpushx", b"topics:b", b"5"]
+    assert parser.next_named(b"RPUSHX") is None, "no value: left to dispatch"
     assert parser.get_command() == [b"RPUSHX", b"topics:b"]
     assert parser.get_command() == [b"PING"]
     assert parser.get_command() is None
