@@ -311,15 +311,15 @@ class Connection(asyncio.Protocol):
             log.exception("command failed", client=session.id, command=command[:1])
             return ErrorReply(errors.internal_error().text)
         protocol = session.protocol
-        last = len(answers) - 1
-        for at, answer in enumerate(answers):
-            reply: Any = ErrorReply(answer.text) if isinstance(answer, errors.RespError) else answer
-            if at == last:
-                if type(reply) in _IMMEDIATE or not inspect.isawaitable(reply):
-                    return cast(Reply, reply)
-                return cast(Waiting, self._wait(reply, command))
+        final = answers.pop()  # rpushx_run answers at least one command
+        reply: Any
+        for answer in answers:  # counts, mostly; an error now and then
+            reply = ErrorReply(answer.text) if isinstance(answer, errors.RespError) else answer
             encode_into(reply, protocol, out)
-        raise AssertionError("rpushx_run answers at least one command")
+        reply = ErrorReply(final.text) if isinstance(final, errors.RespError) else final
+        if type(reply) in _IMMEDIATE or not inspect.isawaitable(reply):
+            return reply  # a Reply (Any: not cast(), a call each)
+        return cast(Waiting, self._wait(reply, command))
 
     def _execute(self, command: list[bytes]) -> Reply | Waiting:
         """The command's reply, or a coroutine that answers it (a waiting command)."""
