@@ -49,7 +49,7 @@ import zmq
 from backends.dafka import proto
 from backends.dafka.beacon import Beacon, apply_events, bind_data_socket, now_ms
 from backends.dafka.config import Config
-from backends.dafka.held_send import Send, held_sender
+from backends.dafka.held_send import Send, direct_sender, held_sender
 from backends.dafka.node import Actor, SocketFactory
 from backends.dafka.unacked import UnackedList
 
@@ -426,6 +426,7 @@ class Publisher(Actor):
         terminating = False
 
         send_held = held_sender(pub)
+        send_direct = direct_sender(pub)
         poller = zmq.Poller()
         poller.register(pipe, zmq.POLLIN)
         poller.register(sub, zmq.POLLIN)
@@ -490,7 +491,7 @@ class Publisher(Actor):
                 # event loop run meanwhile (counted per partition, a pipeline over 100
                 # topics held the GIL for 1,000 records, 10 a partition).
                 queued = sum(len(partition._queue) for partition in ready)
-                send = send_held if queued <= _HOLD_GIL_UP_TO else pub.send
+                send = send_held if queued <= _HOLD_GIL_UP_TO else send_direct
                 for partition in list(ready):
                     if partition._hold_until:  # flagged again while it was held
                         del ready[partition]

@@ -28,6 +28,7 @@ from backends.dafka.beacon import (
     now_ms,
     subscription_events,
 )
+from backends.dafka.held_send import direct_sender
 from backends.dafka.node import SocketFactory
 from backends.dafka.proto import EVERY_SUBJECT
 from backends.dafka.store.actor import StoreActor, StoreParts
@@ -48,6 +49,7 @@ class Reader(StoreActor):
 
     def _open(self, socket: SocketFactory) -> int:
         self.xpub = socket(zmq.XPUB)
+        self.send_direct = direct_sender(self.xpub)  # FETCH answers: two frames a record
         self.sub = socket(zmq.SUB)
         self.xpub.setsockopt(zmq.XPUB_VERBOSE, 1)
         self.xpub.sndhwm = self.hwm
@@ -134,7 +136,7 @@ class Reader(StoreActor):
         partition = msg.topic.decode()
         encoder = proto.RecordEncoder(msg.address, partition, msg.subject, proto.DIRECT_RECORD)
         prefix = encoder.frame1(0)[:-8]
-        send = self.xpub.send
+        send = self.send_direct
         more = zmq.SNDMORE
         pack = _PACK_SEQ
         sent = 0

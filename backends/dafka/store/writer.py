@@ -39,6 +39,7 @@ from backends.dafka.beacon import Beacon, apply_events, bind_data_socket, new_su
 from backends.dafka.catalog import TOPICS_TOPIC
 from backends.dafka.fetch_filter import FetchFilter
 from backends.dafka.held_recv import Receive, pyzmq_receiver
+from backends.dafka.held_send import direct_sender
 from backends.dafka.node import SocketFactory
 from backends.dafka.storage import PartitionState, Storage, partition_prefix
 from backends.dafka.store.actor import StoreActor, StoreParts
@@ -121,6 +122,7 @@ class Writer(StoreActor):
         # An XPUB (C: a PUB; the same to every SUB) so that we see a store reader's SUB
         # subscribe `W<reader>`: from then on our CONSUMER_HELLO reaches that reader.
         self.pub = socket(zmq.XPUB)
+        self.send_direct = direct_sender(self.pub)  # ACKs: one a partition and batch
         self.direct = socket(zmq.SUB)
         self.msg = socket(zmq.SUB)
         for sock in (self.direct, self.msg):
@@ -308,7 +310,7 @@ class Writer(StoreActor):
             # SUB had not joined our PUB yet), and it never comes again otherwise, so
             # the producer would keep its records forever.  Repeat it.  (If the partition
             # is staged in this batch, the batch's own ACK covers it.)
-            self.pub.send(part.ack_prefix + _PACK_SEQ(part.head))
+            self.send_direct(part.ack_prefix + _PACK_SEQ(part.head))
 
     def _on_catalog(self, batch: WriteBatch, content: bytes) -> None:
         """A topic catalog record is being stored: apply it in the same batch."""
@@ -377,7 +379,7 @@ class Writer(StoreActor):
                     part.saved = None
                     self.gapped.add(part)
             return
-        send = self.pub.send
+        send = self.send_direct
         for part in touched:
             part.saved = None
             send(part.ack_prefix + _PACK_SEQ(part.head))
