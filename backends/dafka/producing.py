@@ -467,9 +467,14 @@ class PartitionWriter:
 def _wrapped(key: bytes | None, values: Sequence[bytes]) -> Sequence[bytes]:
     """`values` as a writer takes them: in the envelope when keyed, or when one could
     be taken for an envelope (`envelope.wrap`)."""
-    if key is not None or any(value.startswith(MAGIC) for value in values):
-        return [wrap(key, value) for value in values]
-    return values
+    if key is None:
+        # One value, the common run over many topics: no generator to look for the mark.
+        if len(values) == 1:
+            if not values[0].startswith(MAGIC):
+                return values
+        elif not any(value.startswith(MAGIC) for value in values):
+            return values
+    return [wrap(key, value) for value in values]
 
 
 def _forget_durable(writer: PartitionWriter, ranges: collections.deque[tuple[int, int]]) -> int:
@@ -513,7 +518,7 @@ class ProducerHandle(Producer):
             raise ProduceError(STOPPED)
         try:
             by_writer = self._by_writer(runs)
-        except ProduceError:  # a run is refused: run in order, up to it
+        except ProduceError:  # a run is refused: run by run, below
             by_writer = None
         if by_writer is not None:
             total = sum(map(len, by_writer.values()))
@@ -523,14 +528,7 @@ class ProducerHandle(Producer):
                     start = writer.submitted
                     self._note(writer, start, writer.submit(queued))
                 return total
-        enqueued = 0
-        for topic, key, values in runs:
-            try:
-                enqueued += self._submit(topic, key, _wrapped(key, values))
-            except ProduceError as refused:
-                refused.enqueued += enqueued
-                raise
-        return enqueued
+        return super().produce_runs(runs)  # run by run, in order, up to a refusal
 
     def _by_writer(self, runs: Sequence[Run]) -> dict[PartitionWriter, list[bytes]] | None:
         """The runs' values (wrapped) by writer, in order; None if a writer is one that
@@ -544,10 +542,7 @@ class ProducerHandle(Producer):
                 if writer.failed is not None or writer.internal:
                     return None
                 by_writer[writer] = held = []
-            if key is None and len(values) == 1 and not values[0].startswith(MAGIC):
-                held.append(values[0])
-            else:
-                held.extend(_wrapped(key, values))
+            held.extend(_wrapped(key, values))
         return by_writer
 
     def _submit(self, topic: str, key: bytes | None, values: Sequence[bytes]) -> int:
