@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import structlog
@@ -24,6 +24,7 @@ from backends.dafka.store import Store
 from backends.dafka.tower import Tower
 from tests.dafka.stores import other_db
 from tests.dafka.test_engine import WAIT, engine_on, network, run, take
+from tests.support.consuming import by_partition
 from tests.support.waiting import wait_until_async
 
 __all__ = ["network"]  # the fixture, used by name
@@ -418,10 +419,7 @@ def test_a_group_reading_many_partitions_shares_its_buffer_among_them(network: C
             assert [len(part.buffer) for part in parts] == [MIN_SHARE] * 8
             got = await take(member, len(values))
             check_held(engine, "g")
-            by_partition: dict[int, list[Record]] = {}
-            for record in got:
-                by_partition.setdefault(record.partition, []).append(record)
-            for records in by_partition.values():
+            for records in by_partition(got).values():
                 assert [r.offset for r in records] == list(range(len(records)))
             assert sorted(r.value or b"" for r in got) == values
             await member.close()
@@ -438,6 +436,12 @@ def one_key_per_partition(partitions: int) -> dict[int, bytes]:
         if len(keys) == partitions:
             return keys
     raise AssertionError("unreachable")
+
+
+def held_or_granted(parts: Iterable[_Partition]) -> list[int]:
+    """What each partition holds or has granted the reader (credit counted when
+    positive)."""
+    return [len(part.buffer) + max(part.credit, 0) for part in parts]
 
 
 def test_partitions_found_one_by_one_give_back_what_a_larger_share_granted(
@@ -472,7 +476,7 @@ def test_partitions_found_one_by_one_give_back_what_a_larger_share_granted(
                 "the group's buffer filled from the 1,600 records",
             )
             check_held(engine, "g")  # the group's own count is right
-            held = [len(part.buffer) + max(part.credit, 0) for part in parts]
+            held = held_or_granted(parts)
             assert sum(held) <= budget * 4 // 3, f"records held or granted: {held}"
             got = await take(member, 200 * partitions)
             assert [r.value for r in got] == [b"v"] * 200 * partitions
@@ -528,15 +532,13 @@ def test_partitions_found_one_by_one_over_a_backlog_stay_within_the_buffer(
                     f"partition {number} found, and every grant so far filled",
                 )
                 check_held(engine, "g")  # the group's own count is right
-                held = [len(part.buffer) + max(part.credit, 0) for part in parts.values()]
+                held = held_or_granted(parts.values())
                 assert sum(held) <= budget + MIN_SHARE * partitions, f"records held: {held}"
             got += await take(member, backlog * partitions - len(got))
             check_held(engine, "g")
-            by_partition: dict[int, list[Record]] = {}
-            for record in got:
-                by_partition.setdefault(record.partition, []).append(record)
-            assert sorted(by_partition) == list(range(partitions))
-            for records in by_partition.values():
+            grouped = by_partition(got)
+            assert sorted(grouped) == list(range(partitions))
+            for records in grouped.values():
                 assert [r.offset for r in records] == list(range(backlog))
             await member.close()
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import defaultdict
 
 import pytest
 
@@ -30,6 +29,7 @@ from tests.support.consuming import (
     WAIT,
     Keyed,
     asyncio_test,
+    by_partition,
     consume,
     new_group,
     produce_all,
@@ -42,13 +42,6 @@ KEYS = [f"k{i}".encode() for i in range(8)]  # spread over the partitions of a t
 # Acks during an in-flight next(): made for ACKING seconds, ACK_PACE apart, and each must
 # return within PROMPT_ACK (they only record an offset; a poll slice is 0.1 s on Kafka).
 ACKING, ACK_PACE, PROMPT_ACK = 0.5, 0.02, 0.25
-
-
-def by_partition(records: list[Record]) -> dict[int, list[Record]]:
-    grouped: dict[int, list[Record]] = defaultdict(list)
-    for record in records:
-        grouped[record.partition].append(record)
-    return grouped
 
 
 @asyncio_test

@@ -60,6 +60,14 @@ async def consume(consumer: Consumer, count: int, ack: bool = False) -> list[Rec
     return records
 
 
+def by_partition(records: list[Record]) -> dict[int, list[Record]]:
+    """`records` by partition number, each partition's in the order given."""
+    grouped: dict[int, list[Record]] = {}
+    for record in records:
+        grouped.setdefault(record.partition, []).append(record)
+    return grouped
+
+
 async def timed(awaitable: Awaitable[Any]) -> tuple[Any, float]:
     start = time.monotonic()
     result = await awaitable
