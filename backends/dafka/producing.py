@@ -315,17 +315,24 @@ class PartitionWriter:
         if full:
             values = values[: max(room, 0)]
         if values:
-            if self._producer is None:
-                self._waiting.extend(values)
-            else:
-                if not self._pending:
-                    self._handover.enlist(self)
-                self._pending.extend(values)
-            self.submitted += len(values)
+            self.queue(values)
             if not self.internal:
                 self._handover.unacked += len(values)
         if full:
             raise QueueFullError(QUEUE_FULL, len(values))
+        return self.submitted
+
+    def queue(self, values: Sequence[bytes]) -> int:
+        """`submit()` once its checks passed: the caller made sure that this writer has
+        not failed and that the queue has room, and counts `values` in
+        `Handover.unacked` (a client's writer) itself; the position after the last one."""
+        if self._producer is None:
+            self._waiting.extend(values)
+        else:
+            if not self._pending:
+                self._handover.enlist(self)
+            self._pending.extend(values)
+        self.submitted += len(values)
         return self.submitted
 
     def fail_if_on(self, dead: set[Publisher]) -> None:
@@ -524,9 +531,21 @@ class ProducerHandle(Producer):
             total = sum(map(len, by_writer.values()))
             handover = self._engine.handover
             if handover.unacked + total <= self._engine.settings.queue_max_messages:
+                # submit() and _note() per writer, their checks and counts paid once for
+                # all: at 1,000 topics a writer takes one value a pass, and the two calls
+                # were a fifth of the loop's time; this costs 0.3 us a record less (of
+                # 3.7 with a group reading the 1,000 topics).
+                ranges_of = self._ranges
                 for writer, queued in by_writer.items():
                     start = writer.submitted
-                    self._note(writer, start, writer.submit(queued))
+                    end = writer.queue(queued)
+                    ranges = ranges_of.get(writer)
+                    if ranges and ranges[-1][1] == start:  # as _note() extends a range
+                        ranges[-1] = (ranges[-1][0], end)
+                    else:
+                        self._add_range(writer, start, end)
+                handover.unacked += total
+                handover.produced += total
                 return total
         return super().produce_runs(runs)  # run by run, in order, up to a refusal
 
@@ -565,19 +584,24 @@ class ProducerHandle(Producer):
     def _note(self, writer: PartitionWriter, start: int, end: int) -> None:
         """This session's records at positions [start, end) of `writer`."""
         ranges = self._ranges.get(writer)
-        if ranges is None:
-            ranges = self._ranges[writer] = collections.deque()
         # Tuples, not lists: the garbage collector stops tracking a tuple of ints, and a
         # session can hold one per record in flight (a list each: 0.1-0.2 s pauses of the
         # loop at 1,000 topics, every list walked at each full collection).
         if ranges and ranges[-1][1] == start:
             ranges[-1] = (ranges[-1][0], end)
         else:
-            ranges.append((start, end))
-            self._kept += 1
-            if self._kept >= self._forget_at:
-                self._forget_all()
+            self._add_range(writer, start, end)
         self._engine.handover.produced += end - start
+
+    def _add_range(self, writer: PartitionWriter, start: int, end: int) -> None:
+        """[start, end) of `writer` as a range of its own (it does not extend the last)."""
+        ranges = self._ranges.get(writer)
+        if ranges is None:
+            ranges = self._ranges[writer] = collections.deque()
+        ranges.append((start, end))
+        self._kept += 1
+        if self._kept >= self._forget_at:
+            self._forget_all()
 
     def _forget_all(self) -> None:
         """Drop what is durable, on every writer. Sessions that interleave on a writer add

@@ -117,6 +117,7 @@ async def test_produce_runs_enqueues_each_run_as_produce_many_would(
         assert handle.produce_runs([]) == 0
         assert engine.stats.get(Stats.PRODUCED) == 7
         assert await handle.flush(WAIT) == 0
+        assert engine.stats.get(Stats.DELIVERED) == 7, "flush returned before all were stored"
         for topic, expected, key in (
             (first, [b"a0", b"a1", framed, b"a2"], None),
             (second, [b"b0", b"b1", b"b2"], b"k"),
