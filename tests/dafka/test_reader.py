@@ -205,6 +205,24 @@ def test_records_taken_elsewhere_are_dropped_when_their_copies_come(
     assert owner.records(1) == [record(4)], "copies of records taken in process delivered"
 
 
+def test_records_are_read_by_their_own_sequence_with_or_without_trailing_bytes(
+    reader: Reader, test_peer: TestPeer, owner: Owner
+) -> None:
+    """Bytes after a record's last field are ignored, as in C. The reader recognises a
+    known partition's records by their first bytes (`_Actor.known`): a record with
+    trailing bytes, whose sequence is not its last 8 bytes, must not pass for one."""
+    start(reader, test_peer, credit=100)
+    live(test_peer, 0, 1)  # the partition's frames known from here
+    encoder = proto.RecordEncoder("hello", test_peer.address, "hello")
+    for seq in (2, 3):  # one trailing byte: all but the last 8 bytes are alike for both
+        header, content = encoder.encode(seq, f"r{seq}".encode())
+        test_peer.send_frames([header + b"\x09", content])
+    live(test_peer, 4)
+    answer(test_peer, reader, 5)  # a FETCH answer's frames, known from here
+    answer(test_peer, reader, 6)
+    assert owner.records(7) == [record(seq) for seq in range(7)]
+
+
 @pytest.fixture
 def quiet_beacons(dafka_config: Config) -> Config:
     """Beacons every 3 s instead of 50 ms and no repeated GET_HEADS (set before the
