@@ -44,6 +44,7 @@ class Session:
         self.producer: Producer | None = None
         self.consumer: Consumer | None = None
         self.consumer_id: str | None = None
+        self.consumer_topics: str | None = None  # consumer_id's topics part
         # The last BLPOP/BLMPOP key and what it parsed to (topics, JSON settings, topics
         # joined by ","): a consumer sends the same key every time, and a key naming
         # 1,000 topics cost more to split than the rest of the BLPOP.

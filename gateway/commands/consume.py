@@ -94,6 +94,28 @@ def session_topics(
 
 def parse_timeout(raw: bytes, default: float) -> float | None:
     """Seconds to wait (None = forever). Not a number -> Rafka's default."""
+    # A consumer sends the same timeout every time: its parse (0.5 us, the regular
+    # expression mostly) is looked up instead.
+    try:
+        return _TIMEOUTS[(raw, default)]
+    except KeyError:
+        pass
+    parsed = _parse_timeout(raw, default)
+    if len(raw) <= _TIMEOUT_KEPT_LENGTH:
+        if len(_TIMEOUTS) >= _TIMEOUTS_KEPT:
+            _TIMEOUTS.clear()
+        _TIMEOUTS[(raw, default)] = parsed
+    return parsed
+
+
+# (timeout as sent, the default) -> parse_timeout's answer; errors are not kept, nor
+# timeouts longer than any number needs.
+_TIMEOUTS: dict[tuple[bytes, float], float | None] = {}
+_TIMEOUTS_KEPT = 256
+_TIMEOUT_KEPT_LENGTH = 32
+
+
+def _parse_timeout(raw: bytes, default: float) -> float | None:
     candidate = raw.decode("latin-1")
     if not _NUMBER.fullmatch(candidate):
         return default
@@ -268,12 +290,15 @@ def _consume(
         raise errors.server_shutdown()
     if not session.name_set:
         raise errors.not_ready()
-    consumer_id = f"{session.id}|{joined}"
     consumer = session.consumer
     if consumer is None:
-        return _create_then_next(session, topics, settings or {}, consumer_id, timeout, count, key)
-    if consumer_id != session.consumer_id:
+        return _create_then_next(session, topics, settings or {}, joined, timeout, count, key)
+    # The consumer's id is "<client id>|<topics>", and the client id is set for good
+    # before a consumer exists: the topics tell. Compared, not the id built per BLPOP
+    # (the string is the one the parse cached: equal at once, however many topics).
+    if joined != session.consumer_topics:
         assert session.consumer_id is not None
+        consumer_id = f"{session.id}|{joined}"
         raise errors.consumer_exclusive(session.id, session.consumer_id, consumer_id)
     # Same topics: reuse; a later BLPOP's JSON settings are ignored, as in Rafka.
     # Records the consumer already holds are answered in this pass: no task, no wake-up.
@@ -295,12 +320,13 @@ async def _create_then_next(
     session: Session,
     topics: Sequence[str],
     settings: Mapping[str, object],
-    consumer_id: str,
+    joined: str,
     timeout: float | None,
     count: int | None,
     key: bytes,
 ) -> Reply:
     ctx = session.ctx
+    consumer_id = f"{session.id}|{joined}"
     failed = errors.consumer_registration_failed(consumer_id, session.id)
     if not session.group:
         log.warning("consumer creation failed", consumer=consumer_id, cause="empty group")
@@ -319,6 +345,7 @@ async def _create_then_next(
         raise
     session.consumer = consumer
     session.consumer_id = consumer_id
+    session.consumer_topics = joined
     log.info("consumer registered", consumer=consumer_id, topics=list(topics))
     return await _next(session, consumer, timeout, count, key)
 

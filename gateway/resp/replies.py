@@ -27,14 +27,15 @@ class ErrorReply:
     text: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Encoded:
     """A reply already in RESP, framed for the connection's protocol by the one who made
     it (e.g. a batch of consumed records, encoded in one pass): written as it is.
 
     It holds the bytes rather than being a bytes subclass: making a subclass instance
     copies the data, and joining a lone one into a write copies it again (bytes.join
-    hands back only an exact bytes object as it is)."""
+    hands back only an exact bytes object as it is). Not frozen: a frozen dataclass's
+    __init__ sets its field through object.__setattr__, 0.1 us more per BLPOP."""
 
     data: bytes
 

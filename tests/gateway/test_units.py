@@ -148,12 +148,16 @@ def test_parse_topics_errors(key: str, text: str) -> None:
 )
 def test_parse_timeout(raw: bytes, seconds: float | None) -> None:
     assert parse_timeout(raw, 5.0) == seconds
+    assert parse_timeout(raw, 5.0) == seconds, "the second time (a look-up)"
+    # Another default (another configuration) is another answer for what is no number.
+    assert parse_timeout(raw, 7.0) == (7.0 if seconds == 5.0 else seconds)
 
 
 def test_negative_timeout_is_refused_with_redis_text() -> None:
-    with pytest.raises(RespError) as caught:
-        parse_timeout(b"-1", 5.0)
-    assert caught.value.text == "ERR timeout is negative"
+    for _ in range(2):  # the second time too: a refusal is not remembered as an answer
+        with pytest.raises(RespError) as caught:
+            parse_timeout(b"-1", 5.0)
+        assert caught.value.text == "ERR timeout is negative"
 
 
 def test_monitor_line_format() -> None:
