@@ -182,22 +182,21 @@ class Partition:
         were sent."""
         queue = self._queue
         popleft = queue.popleft
-        push = self._unacked.push
+        # Taken one by one: the loop's thread appends meanwhile (a deque's popleft and
+        # append are atomic; a copy then clear() would lose what came in between).
+        # Kept as unacked all at once, not with a push() each (0.1 us a record).
+        taken = [popleft() for _ in range(min(budget, len(queue)))]
         more = zmq.SNDMORE
         prefix = self._record_prefix
         pack = _PACK_SEQ
-        taken = 0
-        while taken < budget:
-            try:
-                content = popleft()
-            except IndexError:
-                break
-            send(prefix + pack(push(content)), more)
+        sequence = self._unacked.extend(taken)
+        for content in taken:
+            send(prefix + pack(sequence), more)
             send(content)
-            taken += 1
-        self._sent += taken
+            sequence += 1
+        self._sent += len(taken)
         self._released = self._sent - len(self._unacked)
-        return taken
+        return len(taken)
 
     def _ack(self, sequence: int) -> bool:
         """Release what `sequence` acknowledges; False (and nothing released) for an ACK

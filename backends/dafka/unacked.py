@@ -43,6 +43,12 @@ class UnackedList:
         self._records.append(content)
         return self._first_seq + len(self._records) - self._head - 1
 
+    def extend(self, contents: list[bytes]) -> int:
+        """`push` each of `contents`, in order; returns the first one's sequence."""
+        first = self._first_seq + len(self._records) - self._head
+        self._records.extend(contents)
+        return first
+
     def ack(self, sequence: int) -> None:
         """Release every record <= `sequence`; older or duplicate ACKs change nothing."""
         if sequence < self._first_seq:

@@ -159,6 +159,20 @@ def test_unacked_partial_acks_then_pushes_keep_contents() -> None:
     assert unacked.first_sequence == 257 and unacked.last_acked == 256
 
 
+def test_unacked_extend_numbers_as_pushes_would() -> None:
+    """`extend` (the producer actor keeps a batch at once) numbers each record as a
+    `push` each would have, after partial ACKs and compaction as well."""
+    unacked = UnackedList(first_sequence=7)
+    assert unacked.extend([content(s) for s in range(7, 12)]) == 7
+    assert unacked.push(content(12)) == 12
+    unacked.ack(9)
+    assert unacked.extend([]) == 13
+    assert unacked.extend([content(s) for s in range(13, 5_013)]) == 13
+    unacked.ack(5_000)  # the released slots compacted away
+    assert unacked.extend([content(5_013)]) == 5_013
+    assert list(unacked.records(5_001, 100)) == [(s, content(s)) for s in range(5_001, 5_014)]
+
+
 def test_unacked_compaction_keeps_sequences() -> None:
     unacked = UnackedList()
     for round_ in range(5):
