@@ -459,7 +459,10 @@ class _Actor:
         prefix = frame1[:-8]
         if prefix in self.known:
             return
-        encoder = proto.RecordEncoder(msg.topic, msg.address, msg.subject, msg.id)
+        try:
+            encoder = proto.RecordEncoder(msg.topic, msg.address, msg.subject, msg.id)
+        except proto.MalformedMessage:  # decoded, yet not encodable (a NUL in a string)
+            return
         if encoder.frame1(0)[:-8] != prefix:
             return
         if len(self.known) >= _KNOWN_FRAMES:

@@ -223,6 +223,23 @@ def test_records_are_read_by_their_own_sequence_with_or_without_trailing_bytes(
     assert owner.records(7) == [record(seq) for seq in range(7)]
 
 
+def test_a_record_the_codec_decodes_but_would_not_encode_stops_nothing(
+    reader: Reader, test_peer: TestPeer, owner: Owner
+) -> None:
+    """A NUL inside a record's address passes the decoder (C's does not look), but the
+    codec cannot build such a frame to remember it by: the reader skips remembering it
+    and reads on."""
+    start(reader, test_peer, credit=100)
+    address = b"bad\0address"
+    header = (
+        bytes((proto.RECORD,)) + b"hello\0\x01"
+        + bytes((len(address),)) + address + b"\x05hello" + b"\x00" * 8
+    )  # fmt: skip
+    test_peer.send_frames([header, b"odd"])
+    live(test_peer, 0, 1)
+    assert owner.records(2) == [record(0), record(1)]
+
+
 @pytest.fixture
 def quiet_beacons(dafka_config: Config) -> Config:
     """Beacons every 3 s instead of 50 ms and no repeated GET_HEADS (set before the
