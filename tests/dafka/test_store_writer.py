@@ -47,6 +47,22 @@ def test_duplicate_record_is_dropped(linked: TestPeer, store: Store) -> None:
     assert direct_records_of(linked, "dup", 0, 10) == [(0, b"a"), (1, b"b"), (2, b"c"), (3, b"d")]
 
 
+def test_records_with_trailing_bytes_are_stored_at_their_own_sequence(
+    linked: TestPeer, store: Store
+) -> None:
+    """Bytes after a record's last field are ignored, as in C. The writer knows a
+    partition's records by their bytes up to the sequence (`Writer.by_frame`): records
+    with one trailing byte, alike but for their last 8 bytes, must not pass for those."""
+    store_records(linked, "tail", [b"0"])  # the partition's frames known from here
+    encoder = proto.RecordEncoder("tail", linked.address, "tail")
+    for seq in (1, 2):
+        header, content = encoder.encode(seq, b"%d" % seq)
+        linked.send_frames([header + b"\x09", content])
+    linked.send_record("tail", 3, b"3")
+    assert recv_until_ack(linked, "tail", 3)[-1] == 3
+    assert direct_records_of(linked, "tail", 0, 10) == [(seq, b"%d" % seq) for seq in range(4)]
+
+
 def test_gap_fetches_from_head_plus_one(linked: TestPeer, store: Store) -> None:
     store_records(linked, "gap", [b"0", b"1", b"2"])
     linked.send_record("gap", 5, b"5")

@@ -113,7 +113,9 @@ class Writer(StoreActor):
         self.reader_uuid = store.reader_address
         self.filter = FetchFilter()
         self.partitions: dict[tuple[str, str], _Partition] = {}
-        self.by_body: dict[bytes, _Partition] = {}  # raw record body -> partition
+        # A record's frame 1 without its sequence -> its partition (one entry each for
+        # the RECORD and the DIRECT_RECORD form), for frames in the codec's exact form.
+        self.by_frame: dict[bytes, _Partition] = {}
         self.gapped: set[_Partition] = set()
         self.deleted: list[tuple[bytes, int]] = []  # topics deleted in this batch
         super().__init__(store, store.address)
@@ -215,11 +217,11 @@ class Writer(StoreActor):
         if len(self.partitions) >= _PARTITION_CACHE:
             # Forget idle partitions (their heads are in the DB); keep the gapped ones.
             self.partitions = {(p.subject, p.partition): p for p in self.gapped}
-            self.by_body = {}
+            self.by_frame = {}
         batch = self.storage.new_batch()
         put = batch.put
         touched: dict[_Partition, None] = {}  # ordered set of partitions staged in
-        by_body = self.by_body
+        by_frame = self.by_frame
         decode_record = proto.decode_record
         pack = _PACK_SEQ
         unpack = _UNPACK_SEQ
@@ -229,9 +231,9 @@ class Writer(StoreActor):
 
         def handle(frames: list[bytes]) -> None:
             first = frames[0]
-            # Fast path: the bytes from the version to the sequence (version, address,
-            # subject) name a partition already validated by the full decoder.
-            part = by_body.get(first[first.find(0, 1) + 1 : -8])
+            # Fast path: the bytes up to the sequence name a partition already
+            # validated by the full decoder.
+            part = by_frame.get(first[:-8])
             mid = first[0]
             if part is not None and len(frames) == 2 and mid in record_ids:
                 seq = unpack(first, len(first) - 8)[0]
@@ -248,9 +250,8 @@ class Writer(StoreActor):
                     part = self._partition(subject, address)
                 except (proto.MalformedMessage, UnicodeDecodeError):
                     return  # dropped, never a reason to stop (spec §1.6)
-                body = first[first.find(0, 1) + 1 : -8]
-                if len(body) == part.body_size:  # no trailing bytes: the canonical form
-                    by_body[body] = part
+                if len(first) - first.find(0, 1) - 9 == part.body_size:
+                    by_frame[first[:-8]] = part  # no trailing bytes: the canonical form
             head = part.head
             if seq == head + 1 or (head == _NONE and mid != record_id):
                 # The next record; or, for a partition we have nothing of, a FETCH answer
@@ -274,6 +275,22 @@ class Writer(StoreActor):
                     break
                 taken += 1
                 try:
+                    # handle()'s most common case without the call: a known partition's
+                    # next record, not the catalog's (0.1-0.2 us of ~2.4 a record).
+                    if len(frames) == 2:
+                        first = frames[0]
+                        part = by_frame.get(first[:-8])
+                        if part is not None and not part.catalog:
+                            seq = unpack(first, len(first) - 8)[0]
+                            if seq == part.head + 1:
+                                if part.saved is None:
+                                    part.saved = (part.head, part.total)
+                                    touched[part] = None
+                                content = frames[1]
+                                put(part.key_prefix + pack(seq), content)
+                                part.head = seq
+                                part.total += len(content)
+                                continue
                     handle(frames)
                 except Exception:  # a bug or a DB error: lose this message, not the store
                     log.exception("dafka store writer dropped a message", frames=frames[:1])
