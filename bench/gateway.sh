@@ -11,7 +11,8 @@ start_gateway() {
   shift 2
   [ $# -gt 0 ] || set -- RPUSHX topics:t v
   DATA=$(mktemp -d)
-  PORT=$((20000 + RANDOM % 20000))
+  # Below Linux's ephemeral ports (32768-60999), where the tower and stores bind.
+  PORT=$((20000 + RANDOM % 12000))
   PYTHONPATH=$tree "$BENCH_VENV/bin/rafka" --host 127.0.0.1 -p "$PORT" --data-dir "$DATA" \
     --event-loop uvloop >"$DATA.log" 2>&1 &
   PID=$!
