@@ -218,6 +218,10 @@ class Writer(StoreActor):
             # Forget idle partitions (their heads are in the DB); keep the gapped ones.
             self.partitions = {(p.subject, p.partition): p for p in self.gapped}
             self.by_frame = {}
+        elif len(self.by_frame) >= 2 * _PARTITION_CACHE:
+            # Two forms a partition, unless a peer routes records under other topics
+            # (the subscription takes any): bounded all the same.
+            self.by_frame = {}
         batch = self.storage.new_batch()
         put = batch.put
         touched: dict[_Partition, None] = {}  # ordered set of partitions staged in
