@@ -10,10 +10,13 @@ from __future__ import annotations
 import time
 import uuid
 
+import pytest
+
 from backends.dafka import proto
 from backends.dafka.config import Config
 from backends.dafka.proto import Message
 from backends.dafka.store import Store
+from backends.dafka.store import writer as writer_module
 from backends.dafka.test_peer import TestPeer
 from backends.dafka.tower import Tower
 from tests.dafka.stores import (
@@ -61,6 +64,25 @@ def test_records_with_trailing_bytes_are_stored_at_their_own_sequence(
     linked.send_record("tail", 3, b"3")
     assert recv_until_ack(linked, "tail", 3)[-1] == 3
     assert direct_records_of(linked, "tail", 0, 10) == [(seq, b"%d" % seq) for seq in range(4)]
+
+
+def test_records_routed_under_ever_new_topics_keep_the_known_frames_bounded(
+    linked: TestPeer, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer takes RECORDs routed under any topic (its subscription is the id
+    alone), and knows a partition's frames by their bytes up to the sequence: a peer
+    routing each record under another topic adds a form each. The table of forms is
+    bounded all the same (2 * _PARTITION_CACHE), and every record is stored."""
+    monkeypatch.setattr(writer_module, "_PARTITION_CACHE", 2)
+    for seq in range(12):
+        header, content = proto.RecordEncoder(f"route-{seq}", linked.address, "route").encode(
+            seq, b"%d" % seq
+        )
+        linked.send_frames([header, content])
+        assert recv_until_ack(linked, "route", seq)[-1] == seq  # one batch each
+    assert direct_records_of(linked, "route", 0, 20) == [(s, b"%d" % s) for s in range(12)]
+    known = len(store._writer.by_frame)
+    assert known <= 4, f"{known} record forms kept: the table grows with the topics"
 
 
 def test_gap_fetches_from_head_plus_one(linked: TestPeer, store: Store) -> None:
