@@ -447,27 +447,20 @@ class _Actor:
                     # 71-76k records/s instead of 76-90k).
                     take = self.receive
                 part = self._part(msg.subject, msg.address)
-                self._remember(frames[0], msg, part)
+                self._remember(frames[0], part)
                 self._on_record(part, msg.sequence, msg.content, mid == direct_id)
             elif mid in (proto.HEAD, proto.DIRECT_HEAD) and msg.sequence >= 0:
                 self._on_head(self._part(msg.subject, msg.address), msg.sequence)
         return True
 
-    def _remember(self, frame1: bytes, msg: proto.Message, part: _Partition) -> None:
-        """`frame1`, a record of `part`, in `known` if it is the codec's form exactly
-        (no trailing bytes: the sequence is its last 8)."""
-        prefix = frame1[:-8]
-        if prefix in self.known:
-            return
-        try:
-            encoder = proto.RecordEncoder(msg.topic, msg.address, msg.subject, msg.id)
-        except proto.MalformedMessage:  # decoded, yet not encodable (a NUL in a string)
-            return
-        if encoder.frame1(0)[:-8] != prefix:
+    def _remember(self, frame1: bytes, part: _Partition) -> None:
+        """`frame1`, a record of `part`, in `known` if its sequence ends it."""
+        prefix = proto.record_prefix(frame1)
+        if prefix is None or prefix in self.known:
             return
         if len(self.known) >= _KNOWN_FRAMES:
             self.known.clear()
-        self.known[prefix] = (msg.id, part)
+        self.known[prefix] = (frame1[0], part)
 
     def _on_head(self, part: _Partition, head: int) -> None:
         if self._new_head(part, head):

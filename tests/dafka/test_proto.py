@@ -186,6 +186,19 @@ def test_trailing_bytes_are_ignored_as_in_c() -> None:
     assert proto.decode([frame1 + b"junk"]).address == C
 
 
+def test_record_prefix_is_a_record_frame_up_to_its_sequence_when_that_ends_it() -> None:
+    for mid, routing in ((proto.RECORD, "topic"), (proto.DIRECT_RECORD, C)):
+        encoder = proto.RecordEncoder(routing, C, "topic", mid)
+        frame1 = encoder.frame1(7)
+        assert proto.record_prefix(frame1) == frame1[:-8] == encoder.frame1(8)[:-8]
+        assert proto.record_prefix(frame1 + b"\x09") is None, "trailing bytes"
+        assert proto.record_prefix(frame1[:-1]) is None, "a short sequence"
+    head = proto.encode(Message(proto.HEAD, b"topic", address=C, subject="topic", sequence=7))
+    assert proto.record_prefix(head[0]) is None, "not a record"
+    for garbage in (b"", b"M", b"Mtopic", b"Mtopic\0", b"Mtopic\0\x02\x01a\x01b" + bytes(8)):
+        assert proto.record_prefix(garbage) is None, garbage
+
+
 def test_largest_numbers_and_utf8_text() -> None:
     msg = Message(
         proto.FETCH,

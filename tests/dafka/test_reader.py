@@ -226,9 +226,9 @@ def test_records_are_read_by_their_own_sequence_with_or_without_trailing_bytes(
 def test_a_record_the_codec_decodes_but_would_not_encode_stops_nothing(
     reader: Reader, test_peer: TestPeer, owner: Owner
 ) -> None:
-    """A NUL inside a record's address passes the decoder (C's does not look), but the
-    codec cannot build such a frame to remember it by: the reader skips remembering it
-    and reads on."""
+    """A NUL inside a record's address passes the decoder (C's does not look), though the
+    codec would not encode it: the reader takes it as any record (known by its bytes
+    from then on) and reads on."""
     start(reader, test_peer, credit=100)
     address = b"bad\0address"
     header = (

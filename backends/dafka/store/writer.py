@@ -62,7 +62,6 @@ class _Partition:
 
     __slots__ = (
         "ack_prefix",
-        "body_size",
         "catalog",
         "fetch_prefix",
         "gap",
@@ -92,8 +91,6 @@ class _Partition:
         self.saved: tuple[int, int] | None = None  # (head, total) before this batch
         self.key_prefix = partition_prefix(b"M", self.subject_b, self.partition_b)
         self.catalog = subject == TOPICS_TOPIC  # its records are applied when stored
-        # version byte + address string + subject string of a (DIRECT_)RECORD's frame 1
-        self.body_size = 3 + len(self.partition_b) + len(self.subject_b)
         # Frames minus their trailing numbers, built once with the codec.
         ack = proto.Message(proto.ACK, self.partition_b, subject=subject)
         self.ack_prefix = proto.encode(ack)[0][:-8]
@@ -254,8 +251,9 @@ class Writer(StoreActor):
                     part = self._partition(subject, address)
                 except (proto.MalformedMessage, UnicodeDecodeError):
                     return  # dropped, never a reason to stop (spec §1.6)
-                if len(first) - first.find(0, 1) - 9 == part.body_size:
-                    by_frame[first[:-8]] = part  # no trailing bytes: the canonical form
+                prefix = proto.record_prefix(first)
+                if prefix is not None:  # no trailing bytes: its sequence ends it
+                    by_frame[prefix] = part
             head = part.head
             if seq == head + 1 or (head == _NONE and mid != record_id):
                 # The next record; or, for a partition we have nothing of, a FETCH answer
