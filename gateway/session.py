@@ -43,8 +43,7 @@ class Session:
         self.authenticated = not ctx.config.auth_required
         self.producer: Producer | None = None
         self.consumer: Consumer | None = None
-        self.consumer_id: str | None = None
-        self.consumer_topics: str | None = None  # consumer_id's topics part
+        self.consumer_topics: str | None = None  # the consumer's, joined by ","
         # The last BLPOP/BLMPOP key and what it parsed to (topics, JSON settings, topics
         # joined by ","): a consumer sends the same key every time, and a key naming
         # 1,000 topics cost more to split than the rest of the BLPOP.
@@ -84,6 +83,17 @@ class Session:
         self.group = parts[0]
         self.client_name = parts[1]
         self.ctx.clients.add(name, self)
+
+    def consumer_id_for(self, topics: str) -> str:
+        """Rafka's id of this client's consumer of `topics` (joined by ",")."""
+        return f"{self.id}|{topics}"
+
+    @property
+    def consumer_id(self) -> str | None:
+        """The id of this client's consumer; None before it has one. (The client id is
+        set for good before a consumer can exist.)"""
+        topics = self.consumer_topics
+        return None if topics is None else self.consumer_id_for(topics)
 
     def start_monitor(self, monitor: Monitor) -> None:
         self.monitoring = True

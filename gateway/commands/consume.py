@@ -298,8 +298,8 @@ def _consume(
     # (the string is the one the parse cached: equal at once, however many topics).
     if joined != session.consumer_topics:
         assert session.consumer_id is not None
-        consumer_id = f"{session.id}|{joined}"
-        raise errors.consumer_exclusive(session.id, session.consumer_id, consumer_id)
+        new_id = session.consumer_id_for(joined)
+        raise errors.consumer_exclusive(session.id, session.consumer_id, new_id)
     # Same topics: reuse; a later BLPOP's JSON settings are ignored, as in Rafka.
     # Records the consumer already holds are answered in this pass: no task, no wake-up.
     try:
@@ -326,7 +326,7 @@ async def _create_then_next(
     key: bytes,
 ) -> Reply:
     ctx = session.ctx
-    consumer_id = f"{session.id}|{joined}"
+    consumer_id = session.consumer_id_for(joined)
     failed = errors.consumer_registration_failed(consumer_id, session.id)
     if not session.group:
         log.warning("consumer creation failed", consumer=consumer_id, cause="empty group")
@@ -344,7 +344,6 @@ async def _create_then_next(
         creation.add_done_callback(_close_orphan)
         raise
     session.consumer = consumer
-    session.consumer_id = consumer_id
     session.consumer_topics = joined
     log.info("consumer registered", consumer=consumer_id, topics=list(topics))
     return await _next(session, consumer, timeout, count, key)
