@@ -13,16 +13,21 @@ FROM python:3.11-slim-bookworm AS build
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 # Every dependency (confluent-kafka, pyzmq, rocksdict, hiredis) ships manylinux wheels
-# for amd64 and arm64: no compiler is needed.
+# for amd64 and arm64. gcc builds the Dafka engine's C fast path (setup.py); the
+# extension it builds needs only libc at run time (libzmq is pyzmq's, found when loaded).
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
 RUN python -m venv /opt/rafka
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY gateway ./gateway
 COPY backends ./backends
 COPY clients/python ./clients/python
 COPY clients/spark ./clients/spark
 RUN /opt/rafka/bin/pip install . \
-    && /opt/rafka/bin/rafka --version
+    && /opt/rafka/bin/rafka --version \
+    && /opt/rafka/bin/python -c "import backends.dafka._zmqbatch"
 
 # --- spark: the flights pipeline (clients/spark) with PySpark on Java 17 -----------------
 # `docker build --target spark -t rafka-spark .`; docker-compose.yml's `spark` profile.

@@ -10,16 +10,27 @@ PYTEST_ARGS ?=
 BENCH_ARGS ?=
 SOAK_ARGS ?=
 
-.PHONY: run test test-fast venv system-packages lint typecheck compose-check pytest bench \
+.PHONY: run test test-fast venv compiler system-packages lint typecheck compose-check pytest bench \
 	bench-dafka bench-tls bench-push bench-idle bench-growth soak bench-spark pipeline clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py backends/dafka/_zmqbatch.c | compiler
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[test]'
 	touch $@
 
 venv: $(STAMP)
+
+# The Dafka engine's C fast path (setup.py) needs a C compiler and Python's headers; without
+# them the install still succeeds, on the slower Python paths.
+HAS_PYTHON_H := import os, sys, sysconfig; \
+	sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))
+compiler:
+	@if ! command -v gcc >/dev/null || ! $(PYTHON) -c '$(HAS_PYTHON_H)'; then \
+	  echo "installing Debian packages: gcc python3-dev"; \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq gcc python3-dev; \
+	fi
 
 # The tests drive real redis-server, redis-cli and redis-rb, and validate the compose file
 # with docker-compose (no Docker engine needed); PySpark needs a Java 17 runtime: install
@@ -117,4 +128,4 @@ bench-growth: venv
 	$(BIN)/python bench/growth.py $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache build backends/dafka/_zmqbatch.*.so

@@ -1,4 +1,5 @@
-"""Send on a ZeroMQ socket without giving the GIL up: libzmq's `zmq_send` through ctypes.
+"""Send on a ZeroMQ socket without giving the GIL up: libzmq's `zmq_send` through ctypes,
+and batches of records through the C fast path (`records_sender`, `_zmqbatch.c`).
 
 pyzmq releases the GIL around every frame it sends. The producer actor sends two frames
 per record while the gateway's event loop, in the same process, wants the GIL for its
@@ -15,9 +16,12 @@ is libzmq's raw pointer; pyzmq's own checks are bypassed).
 from __future__ import annotations
 
 import ctypes
+import errno
 import functools
 import os
+import struct
 from collections.abc import Callable
+from types import ModuleType
 from typing import Protocol
 
 import zmq
@@ -25,6 +29,16 @@ import zmq
 
 class Send(Protocol):
     def __call__(self, data: bytes, flags: int = 0, /) -> None: ...
+
+
+class SendRecords(Protocol):
+    """Send each of `contents` as a two-frame message: `prefix` and the sequence (8
+    bytes, big endian) counting up from `sequence`, then the content (a RECORD)."""
+
+    def __call__(self, prefix: bytes, sequence: int, contents: list[bytes], /) -> None: ...
+
+
+_PACK_SEQ = struct.Struct(">Q").pack
 
 
 @functools.cache
@@ -49,6 +63,31 @@ def libzmq() -> ctypes.PyDLL | None:
         return ctypes.PyDLL(paths.pop(), use_errno=True)
     except OSError:
         return None
+
+
+@functools.cache
+def batch_module() -> ModuleType | None:
+    """The C fast path (`_zmqbatch.c`) bound to pyzmq's libzmq; None where it was not
+    built (no compiler at install) or libzmq cannot be found (see `libzmq`)."""
+    library = libzmq()
+    if library is None:
+        return None
+    try:
+        from backends.dafka import _zmqbatch  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    try:
+        _zmqbatch.load(library._name)
+    except OSError:
+        return None
+    module: ModuleType = _zmqbatch
+    return module
+
+
+def zmq_error(error: OSError) -> zmq.ZMQError:
+    """A failure of the C fast path as pyzmq raises it."""
+    code = error.errno or errno.EFAULT
+    return zmq.Again(code) if code == errno.EAGAIN else zmq.ZMQError(code)
 
 
 @functools.cache
@@ -95,3 +134,41 @@ def direct_sender(socket: zmq.Socket) -> Send:
     except AttributeError:
         return socket.send
     return send
+
+
+def records_sender(socket: zmq.Socket, hold_gil: bool) -> SendRecords:
+    """A `SendRecords` on `socket` (one that never blocks: see above): a batch in one call
+    to the C fast path, which keeps the GIL (`hold_gil`) or gives it up once for the
+    batch; where it was not built, two calls a record to `held_sender` (keeping it) or to
+    `direct_sender` (giving it up per frame). The C path costs about 0.3 us a record,
+    the others 0.8-1.1."""
+    module = batch_module()
+    if module is None:
+        return python_records_sender(held_sender(socket) if hold_gil else direct_sender(socket))
+    send_records = module.send_records
+    handle = socket.underlying
+    fallback = python_records_sender(socket.send)
+
+    def send(prefix: bytes, sequence: int, contents: list[bytes]) -> None:
+        try:
+            send_records(handle, prefix, sequence, contents, not hold_gil)
+        except TypeError:  # a content that is not bytes, refused before anything went
+            fallback(prefix, sequence, contents)
+        except OSError as error:
+            raise zmq_error(error) from None
+
+    return send
+
+
+def python_records_sender(send: Send) -> SendRecords:
+    """`SendRecords` through `send`, two calls a record."""
+    more = zmq.SNDMORE
+    pack = _PACK_SEQ
+
+    def send_records(prefix: bytes, sequence: int, contents: list[bytes]) -> None:
+        for content in contents:
+            send(prefix + pack(sequence), more)
+            send(content)
+            sequence += 1
+
+    return send_records

@@ -1,6 +1,8 @@
 """`held_send` and `held_recv`: libzmq's send and receive through ctypes, keeping the GIL,
 run by the same tests as pyzmq's own (the producer actor sends both ways:
-`publisher._HOLD_GIL_UP_TO`; the reader receives both ways: `held_recv.HELD_UP_TO`)."""
+`publisher._HOLD_GIL_UP_TO`; the reader receives both ways: `held_recv.HELD_UP_TO`); and
+the batches of records sent and messages received by the C fast path (`_zmqbatch.c`), run
+by the same tests as the Python loops it replaces where it was not built."""
 
 from __future__ import annotations
 
@@ -10,8 +12,24 @@ from collections.abc import Callable, Iterator
 import pytest
 import zmq
 
-from backends.dafka.held_recv import Receive, held_receiver, pyzmq_receiver
-from backends.dafka.held_send import Send, _zmq_send, held_sender, libzmq
+from backends.dafka.held_recv import (
+    Receive,
+    ReceiveMany,
+    batch_receiver,
+    held_receiver,
+    python_batch_receiver,
+    pyzmq_receiver,
+)
+from backends.dafka.held_send import (
+    Send,
+    SendRecords,
+    _zmq_send,
+    batch_module,
+    held_sender,
+    libzmq,
+    python_records_sender,
+    records_sender,
+)
 from tests.support.waiting import wait_until
 
 RECEIVE_MS = 5000
@@ -150,3 +168,145 @@ def test_a_held_receiver_closes_once(pair: tuple[zmq.Socket, zmq.Socket]) -> Non
     assert take_all(receiver.take, 1) == [[b"kept until the next receive or close"]]
     receiver.close()
     receiver.close()
+
+
+# --- batches: the C fast path and the Python loops -----------------------------------------
+
+
+def test_the_c_fast_path_is_built_on_linux() -> None:
+    """Else the engine runs the Python loops, 3-4 times the CPU a record, and the tests
+    below that name it fail: `pip install -e .` builds it with a C compiler (gcc)."""
+    if sys.platform == "linux":
+        assert batch_module() is not None, "backends.dafka._zmqbatch is not built"
+
+
+def c_path() -> None:
+    if batch_module() is None:
+        pytest.fail("the C fast path is not built (see test_the_c_fast_path_is_built_on_linux)")
+
+
+def c_records(hold_gil: bool) -> Callable[[zmq.Socket], SendRecords]:
+    def sender(socket: zmq.Socket) -> SendRecords:
+        c_path()
+        return records_sender(socket, hold_gil)
+
+    return sender
+
+
+RECORD_SENDERS: dict[str, Callable[[zmq.Socket], SendRecords]] = {
+    "c-keeping-the-gil": c_records(True),
+    "c-giving-it-up": c_records(False),
+    "python-held": lambda socket: python_records_sender(held_sender(socket)),
+    "python-pyzmq": lambda socket: python_records_sender(socket.send),
+}
+
+
+@pytest.fixture(params=list(RECORD_SENDERS.values()), ids=list(RECORD_SENDERS))
+def records_sender_of(request: pytest.FixtureRequest) -> Callable[[zmq.Socket], SendRecords]:
+    sender: Callable[[zmq.Socket], SendRecords] = request.param
+    return sender
+
+
+def sequence_bytes(sequence: int) -> bytes:
+    return sequence.to_bytes(8, "big")
+
+
+def test_records_go_as_prefix_and_sequence_then_content_in_order(
+    records_sender_of: Callable[[zmq.Socket], SendRecords], pair: tuple[zmq.Socket, zmq.Socket]
+) -> None:
+    sending, receiving = pair
+    send = records_sender_of(sending)
+    # A long prefix with a NUL; sequences crossing a byte boundary and near 2**64.
+    prefix = b"\0\xaa\xa5R" + b"p" * 600
+    contents = [b"x" * n for n in range(300)]
+    send(prefix, 2**40 - 5, contents)
+    send(b"", 2**64 - 2, [b"last but one", b""])
+    send(prefix, 7, [])
+    expected = [[prefix + sequence_bytes(2**40 - 5 + n), c] for n, c in enumerate(contents)]
+    expected += [[sequence_bytes(2**64 - 2), b"last but one"], [sequence_bytes(2**64 - 1), b""]]
+    assert [receiving.recv_multipart() for _ in expected] == expected
+
+
+def test_record_contents_other_than_bytes_are_sent_too(
+    records_sender_of: Callable[[zmq.Socket], SendRecords], pair: tuple[zmq.Socket, zmq.Socket]
+) -> None:
+    sending, receiving = pair
+    contents = [b"bytes", bytearray(b"a bytearray"), memoryview(b"a memoryview")]
+    records_sender_of(sending)(b"P", 1, contents)  # type: ignore[arg-type]
+    got = [receiving.recv_multipart() for _ in contents]
+    assert got == [[b"P" + sequence_bytes(n + 1), bytes(c)] for n, c in enumerate(contents)]
+
+
+def test_a_record_send_that_fails_raises_as_pyzmq_does(
+    records_sender_of: Callable[[zmq.Socket], SendRecords], context: zmq.Context
+) -> None:
+    """A SUB cannot send: libzmq's ENOTSUP, as zmq.ZMQError (the actor stops on it)."""
+    sub = context.socket(zmq.SUB)
+    with pytest.raises(zmq.ZMQError) as raised:
+        records_sender_of(sub)(b"P", 0, [b"refused"])
+    assert raised.value.errno == zmq.ENOTSUP
+
+
+def c_receiver(socket: zmq.Socket) -> ReceiveMany:
+    c_path()
+    return batch_receiver(socket)
+
+
+BATCH_RECEIVERS: dict[str, Callable[[zmq.Socket], ReceiveMany]] = {
+    "c": c_receiver,
+    "python": lambda socket: python_batch_receiver(pyzmq_receiver(socket)),
+}
+
+
+@pytest.fixture(params=list(BATCH_RECEIVERS.values()), ids=list(BATCH_RECEIVERS))
+def batch_receiver_of(request: pytest.FixtureRequest) -> Callable[[zmq.Socket], ReceiveMany]:
+    receiver: Callable[[zmq.Socket], ReceiveMany] = request.param
+    return receiver
+
+
+def receive_all(receive: ReceiveMany, count: int, limit: int) -> list[list[bytes]]:
+    """`count` messages, `limit` at most per call, waiting (with a bound) for them."""
+    got: list[list[bytes]] = []
+
+    def more() -> bool:
+        while batch := receive(limit):
+            assert len(batch) <= limit
+            got.extend(batch)
+        return len(got) >= count
+
+    wait_until(more, RECEIVE_S, f"{count} messages")
+    return got
+
+
+def test_batches_of_messages_arrive_whole_in_order_and_within_the_limit(
+    batch_receiver_of: Callable[[zmq.Socket], ReceiveMany], pair: tuple[zmq.Socket, zmq.Socket]
+) -> None:
+    sending, receiving = pair
+    receive = batch_receiver_of(receiving)
+    assert receive(10) == [], "nothing is waiting"
+    messages = [[b"RECORD-%d" % n, b"x" * n] for n in range(300)]
+    messages += [[b"HEAD"], [b"", b"\0\r\n"], [b"big", bytes(range(256)) * 4096], [b""]]
+    for message in messages:
+        sending.send_multipart(message)
+    assert receive_all(receive, len(messages), 7) == messages
+    assert receive(10) == [], "nothing more"
+
+
+def test_a_batch_reads_frames_beyond_the_second_as_messages_of_their_own(
+    batch_receiver_of: Callable[[zmq.Socket], ReceiveMany], pair: tuple[zmq.Socket, zmq.Socket]
+) -> None:
+    sending, receiving = pair
+    sending.send_multipart([b"header", b"content", b"third", b"fourth", b"fifth"])
+    sending.send_multipart([b"next"])
+    got = receive_all(batch_receiver_of(receiving), 4, 100)
+    assert got == [[b"header", b"content"], [b"third", b"fourth"], [b"fifth"], [b"next"]]
+
+
+def test_a_batch_receive_that_fails_raises_as_pyzmq_does(
+    batch_receiver_of: Callable[[zmq.Socket], ReceiveMany], context: zmq.Context
+) -> None:
+    """A PUB cannot receive: libzmq's ENOTSUP, as zmq.ZMQError."""
+    pub = context.socket(zmq.PUB)
+    with pytest.raises(zmq.ZMQError) as raised:
+        batch_receiver_of(pub)(10)
+    assert raised.value.errno == zmq.ENOTSUP
