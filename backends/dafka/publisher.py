@@ -49,7 +49,7 @@ import zmq
 from backends.dafka import proto
 from backends.dafka.beacon import Beacon, apply_events, bind_data_socket, now_ms
 from backends.dafka.config import Config
-from backends.dafka.held_send import Send, direct_sender, held_sender
+from backends.dafka.held_send import SendRecords, records_sender
 from backends.dafka.node import Actor, SocketFactory
 from backends.dafka.unacked import UnackedList
 
@@ -59,9 +59,9 @@ log = structlog.get_logger(__name__)
 # (C: up to 100,000 commands per wake-up), so ACKs and FETCHes are not starved.
 _BATCH = 100_000
 # The ready partitions' records are sent holding the GIL when this few are queued in all
-# (`held_send`).
-# Held for any number, redis-benchmark -P 16 cost the gateway 0.3-0.5 µs more CPU per
-# record: pyzmq's call is the cheaper one (0.37 against 0.53 µs a frame).
+# (`held_send.records_sender`); more, giving it up for the batch. Without the C fast path,
+# held for any number, redis-benchmark -P 16 cost the gateway 0.3-0.5 µs more CPU per
+# record: pyzmq's call is the cheaper one there (0.37 against 0.53 µs a frame).
 _HOLD_GIL_UP_TO = 256
 _PACK_SEQ = struct.Struct(">Q").pack
 # How long the PUB may keep the last HEADs after close: long enough to reach the wire,
@@ -177,7 +177,7 @@ class Partition:
         encoder = proto.RecordEncoder(routing, self.address, self.topic, msg_id)
         return encoder.frame1(0)[:-8]
 
-    def _send_queued(self, send: Send, budget: int) -> int:
+    def _send_queued(self, send: SendRecords, budget: int) -> int:
         """Send up to `budget` queued records as RECORDs through `send`; returns how many
         were sent."""
         queue = self._queue
@@ -186,14 +186,7 @@ class Partition:
         # append are atomic; a copy then clear() would lose what came in between).
         # Kept as unacked all at once, not with a push() each (0.1 us a record).
         taken = [popleft() for _ in range(min(budget, len(queue)))]
-        more = zmq.SNDMORE
-        prefix = self._record_prefix
-        pack = _PACK_SEQ
-        sequence = self._unacked.extend(taken)
-        for content in taken:
-            send(prefix + pack(sequence), more)
-            send(content)
-            sequence += 1
+        send(self._record_prefix, self._unacked.extend(taken), taken)
         self._sent += len(taken)
         self._released = self._sent - len(self._unacked)
         return len(taken)
@@ -424,8 +417,8 @@ class Publisher(Actor):
         hold_deadline = math.inf  # ms: the earliest hold_until in `held`
         terminating = False
 
-        send_held = held_sender(pub)
-        send_direct = direct_sender(pub)
+        send_held = records_sender(pub, hold_gil=True)
+        send_free = records_sender(pub, hold_gil=False)
         poller = zmq.Poller()
         poller.register(pipe, zmq.POLLIN)
         poller.register(sub, zmq.POLLIN)
@@ -485,12 +478,12 @@ class Publisher(Actor):
 
             if ready:
                 budget = _BATCH
-                # A few records in all: sent holding the GIL (`held_send`). Many: pyzmq's
-                # send, the cheaper call (0.37 against 0.53 µs a frame), which lets the
-                # event loop run meanwhile (counted per partition, a pipeline over 100
-                # topics held the GIL for 1,000 records, 10 a partition).
+                # A few records in all: sent holding the GIL (`held_send`). Many: sent
+                # giving it up, which lets the event loop run meanwhile (counted per
+                # partition, a pipeline over 100 topics held the GIL for 1,000 records,
+                # 10 a partition).
                 queued = sum(len(partition._queue) for partition in ready)
-                send = send_held if queued <= _HOLD_GIL_UP_TO else send_direct
+                send = send_held if queued <= _HOLD_GIL_UP_TO else send_free
                 for partition in list(ready):
                     if partition._hold_until:  # flagged again while it was held
                         del ready[partition]
