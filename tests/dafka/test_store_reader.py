@@ -17,7 +17,9 @@ from backends.dafka import proto
 from backends.dafka.config import Config
 from backends.dafka.consumer import Consumer
 from backends.dafka.proto import Message
+from backends.dafka.storage import Storage
 from backends.dafka.store import Store
+from backends.dafka.store import reader as reader_module
 from backends.dafka.test_peer import TestPeer
 from backends.dafka.tower import Tower
 from tests.dafka.stores import (
@@ -35,6 +37,29 @@ def test_fetch_answers_exactly_the_requested_range(linked: TestPeer, store: Stor
     store_records(linked, "range", [b"r%d" % i for i in range(10)])
     got = direct_records_of(linked, "range", 3, 4)
     assert got == [(3, b"r3"), (4, b"r4"), (5, b"r5"), (6, b"r6")]  # C would add r7
+
+
+def test_a_long_fetch_answer_comes_whole_and_in_order(
+    linked: TestPeer, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sent a batch at a time: by count, and by bytes (made small here)."""
+    monkeypatch.setattr(reader_module, "_SEND_CHUNK_BYTES", 5_000)
+    contents = [b"r%d" % i + b"x" * (i % 700) for i in range(2_500)]
+    store_records(linked, "long", contents)
+    assert direct_records_of(linked, "long", 0, 2_500) == list(enumerate(contents))
+
+
+def test_a_fetch_answer_keeps_each_records_sequence_across_a_gap(
+    linked: TestPeer, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store keeps a partition's records without gaps, so its DB is faked here to
+    yield one: the records after it go with their own sequences, not the next ones."""
+    store_records(linked, "gap", [b"a"])
+    monkeypatch.setattr(
+        Storage, "read", lambda *_: iter([(5, b"five"), (6, b"six"), (9, b"nine"), (10, b"ten")])
+    )
+    got = direct_records_of(linked, "gap", 5, 6)
+    assert got == [(5, b"five"), (6, b"six"), (9, b"nine"), (10, b"ten")]
 
 
 def test_fetch_above_the_head_answers_nothing(linked: TestPeer, store: Store) -> None:
