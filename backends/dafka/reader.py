@@ -45,7 +45,13 @@ from backends.dafka import proto
 from backends.dafka.beacon import Beacon, apply_events, new_subscribers, now_ms
 from backends.dafka.config import Config
 from backends.dafka.heads_schedule import HeadsSchedule
-from backends.dafka.held_recv import HELD_UP_TO, held_receiver, pyzmq_receiver
+from backends.dafka.held_recv import (
+    HELD_UP_TO,
+    batch_receiver,
+    held_receiver,
+    python_batch_receiver,
+)
+from backends.dafka.held_send import batch_module
 from backends.dafka.node import Node
 from backends.dafka.producer import check_topic
 
@@ -53,6 +59,7 @@ log = structlog.get_logger(__name__)
 
 MAX_FETCH = 10_000  # records asked for in one FETCH
 _BATCH = 100_000
+_CHUNK = 1_000  # messages received per call after the first HELD_UP_TO of a drain
 # Record frames remembered by `_Actor.known` (two a partition: RECORD and DIRECT_RECORD);
 # past this many the table starts again (a few hundred bytes each).
 _KNOWN_FRAMES = 100_000
@@ -226,10 +233,14 @@ class _Actor:
         self.fetching: set[_Cursor] = set()
         self.heads = HeadsSchedule(owner._heads_interval)
         # Much of what reaches a gateway's reader comes a few messages at a time, read
-        # while its event loop wants the GIL: received keeping it, the first HELD_UP_TO
-        # messages of a drain (`held_recv.py`).
-        self.held = held_receiver(sub)
-        self.receive = pyzmq_receiver(sub)
+        # while its event loop wants the GIL: received keeping it, by the C fast path, or
+        # where it was not built, the first HELD_UP_TO messages of a drain through
+        # ctypes, the rest through pyzmq, which gives it up per frame (`held_recv.py`).
+        self.held = held_receiver(sub) if batch_module() is None else None
+        self.receive_rest = batch_receiver(sub)
+        self.receive_first = (
+            self.receive_rest if self.held is None else python_batch_receiver(self.held.take)
+        )
         # Frame 1 of a well-formed (DIRECT_)RECORD of a known partition without its
         # sequence -> (message id, partition): the same bytes lead every record of the
         # partition, and a dict look-up of them replaced the decoder's work (the
@@ -411,47 +422,47 @@ class _Actor:
     # -- incoming -----------------------------------------------------------------------
 
     def _drain(self) -> bool:
-        take = self.receive if self.held is None else self.held.take
+        """Handle the messages waiting, up to _BATCH; True: there may be more."""
         known = self.known
         direct_id = proto.DIRECT_RECORD
-        for taken in range(_BATCH):
-            if taken == HELD_UP_TO:  # a bulk of FETCH answers: pyzmq's cheaper receive
-                take = self.receive
-            frames = take()
-            if frames is None:
+        receive, asked, taken = self.receive_first, HELD_UP_TO, 0
+        while True:
+            messages = receive(asked)
+            for frames in messages:
+                if len(frames) == 2:
+                    first = frames[0]
+                    hit = known.get(first[:-8])
+                    if hit is not None:
+                        mid, part = hit
+                        self._on_record(
+                            part, _UNPACK_SEQ(first, len(first) - 8)[0], frames[1], mid == direct_id
+                        )
+                        continue
+                self._on_message(frames)
+            if len(messages) < asked:
                 return False
-            if len(frames) == 2:
-                first = frames[0]
-                hit = known.get(first[:-8])
-                if hit is not None:
-                    mid, part = hit
-                    if mid == direct_id:
-                        take = self.receive  # as below
-                    self._on_record(
-                        part, _UNPACK_SEQ(first, len(first) - 8)[0], frames[1], mid == direct_id
-                    )
-                    continue
-            try:
-                msg = proto.decode(frames)
-            except proto.MalformedMessage:
-                continue
-            mid = msg.id
-            if mid == proto.STORE_HELLO:
-                self._hello(msg.address.encode())
-            elif msg.subject not in self.subjects and (msg.subject, msg.address) not in self.parts:
-                continue  # not ours (a partition started by a read needs no subscription)
-            elif mid == proto.RECORD or mid == direct_id:
-                if mid == direct_id:
-                    # A FETCH answer: the rest of it follows, a bulk for pyzmq's cheaper
-                    # receive (held, one topic's backlog read from the store came at
-                    # 71-76k records/s instead of 76-90k).
-                    take = self.receive
-                part = self._part(msg.subject, msg.address)
-                self._remember(frames[0], part)
-                self._on_record(part, msg.sequence, msg.content, mid == direct_id)
-            elif mid in (proto.HEAD, proto.DIRECT_HEAD) and msg.sequence >= 0:
-                self._on_head(self._part(msg.subject, msg.address), msg.sequence)
-        return True
+            taken += asked
+            if taken >= _BATCH:
+                return True
+            receive, asked = self.receive_rest, min(_CHUNK, _BATCH - taken)
+
+    def _on_message(self, frames: list[bytes]) -> None:
+        """A message other than a record of a known partition."""
+        try:
+            msg = proto.decode(frames)
+        except proto.MalformedMessage:
+            return
+        mid = msg.id
+        if mid == proto.STORE_HELLO:
+            self._hello(msg.address.encode())
+        elif msg.subject not in self.subjects and (msg.subject, msg.address) not in self.parts:
+            return  # not ours (a partition started by a read needs no subscription)
+        elif mid == proto.RECORD or mid == proto.DIRECT_RECORD:
+            part = self._part(msg.subject, msg.address)
+            self._remember(frames[0], part)
+            self._on_record(part, msg.sequence, msg.content, mid == proto.DIRECT_RECORD)
+        elif mid in (proto.HEAD, proto.DIRECT_HEAD) and msg.sequence >= 0:
+            self._on_head(self._part(msg.subject, msg.address), msg.sequence)
 
     def _remember(self, frame1: bytes, part: _Partition) -> None:
         """`frame1`, a record of `part`, in `known` if its sequence ends it."""
