@@ -15,6 +15,7 @@
 #include <Python.h>
 #include <dlfcn.h>
 #include <errno.h>
+#include <limits.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -86,28 +87,45 @@ static int loaded(void) {
  * fails (the records before it are sent). With `release_gil`, the GIL is given up once
  * for the whole batch instead of not at all. */
 static PyObject *send_records(PyObject *self, PyObject *args) {
-    unsigned long long handle_value, sequence;
+    unsigned long long handle_value;
     Py_buffer prefix;
-    PyObject *contents;
+    PyObject *first, *contents;
     int release_gil;
     if (!loaded())
         return NULL;
-    if (!PyArg_ParseTuple(args, "Ky*KO!p", &handle_value, &prefix, &sequence, &PyList_Type,
+    if (!PyArg_ParseTuple(args, "Ky*OO!p", &handle_value, &prefix, &first, &PyList_Type,
                           &contents, &release_gil))
         return NULL;
+    /* OverflowError for a sequence that does not fit 8 bytes, as struct.pack's error. */
+    unsigned long long sequence = PyLong_AsUnsignedLongLong(first);
+    if (sequence == (unsigned long long)-1 && PyErr_Occurred()) {
+        PyBuffer_Release(&prefix);
+        return NULL;
+    }
+    if (PyList_GET_SIZE(contents) > 0
+        && (unsigned long long)(PyList_GET_SIZE(contents) - 1) > ULLONG_MAX - sequence) {
+        PyBuffer_Release(&prefix);
+        PyErr_SetString(PyExc_OverflowError, "the batch's last sequence does not fit 8 bytes");
+        return NULL;
+    }
     void *handle = (void *)(uintptr_t)handle_value;
-    Py_ssize_t count = PyList_GET_SIZE(contents);
+    /* A reference to every content while the GIL may be given up: whatever happens to
+     * the list meanwhile, the bytes stay. */
+    PyObject *items = PyList_AsTuple(contents);
+    Py_ssize_t count = items == NULL ? 0 : PyTuple_GET_SIZE(items);
     size_t header_size = (size_t)prefix.len + SEQUENCE_BYTES;
     unsigned char *header = PyMem_Malloc(header_size);
     const char **data = PyMem_Malloc(sizeof(char *) * (size_t)(count + 1));
     size_t *sizes = PyMem_Malloc(sizeof(size_t) * (size_t)(count + 1));
     PyObject *result = NULL;
+    if (items == NULL)
+        goto done;
     if (header == NULL || data == NULL || sizes == NULL) {
         PyErr_NoMemory();
         goto done;
     }
     for (Py_ssize_t i = 0; i < count; i++) {
-        PyObject *content = PyList_GET_ITEM(contents, i);
+        PyObject *content = PyTuple_GET_ITEM(items, i);
         if (!PyBytes_CheckExact(content)) {
             PyErr_Format(PyExc_TypeError, "record contents must be bytes, not %.100s",
                          Py_TYPE(content)->tp_name);
@@ -137,6 +155,7 @@ static PyObject *send_records(PyObject *self, PyObject *args) {
     else
         result = Py_NewRef(Py_None);
 done:
+    Py_XDECREF(items);
     PyMem_Free(header);
     PyMem_Free(data);
     PyMem_Free(sizes);
@@ -178,8 +197,8 @@ static PyObject *receive(PyObject *self, PyObject *args) {
             break;
         }
         PyObject *message = PyList_New(0);
-        PyObject *first = frame_bytes(&msg);
-        int ok = message != NULL && first != NULL && PyList_Append(message, first) == 0;
+        PyObject *first = message == NULL ? NULL : frame_bytes(&msg);
+        int ok = first != NULL && PyList_Append(message, first) == 0;
         Py_XDECREF(first);
         /* The other parts are here already: a message arrives whole. */
         if (ok && zmq_msg_more_(&msg) && zmq_msg_recv_(&msg, handle, ZMQ_DONTWAIT) >= 0) {

@@ -158,8 +158,13 @@ def python_batch_receiver(take: Receive) -> ReceiveMany:
 
     def receive_many(limit: int) -> list[list[bytes]]:
         messages: list[list[bytes]] = []
-        while len(messages) < limit and (frames := take()) is not None:
-            messages.append(frames)
+        try:
+            while len(messages) < limit and (frames := take()) is not None:
+                messages.append(frames)
+        except zmq.ZMQError:
+            if not messages:
+                raise
+            # As the C path: those received are returned, the next call raises.
         return messages
 
     return receive_many

@@ -6,6 +6,7 @@ by the same tests as the Python loops it replaces where it was not built."""
 
 from __future__ import annotations
 
+import struct
 import sys
 from collections.abc import Callable, Iterator
 
@@ -252,9 +253,16 @@ def c_receiver(socket: zmq.Socket) -> ReceiveMany:
     return batch_receiver(socket)
 
 
+def python_held_receiver(socket: zmq.Socket) -> ReceiveMany:
+    receiver = held_receiver(socket)
+    assert receiver is not None
+    return python_batch_receiver(receiver.take)
+
+
 BATCH_RECEIVERS: dict[str, Callable[[zmq.Socket], ReceiveMany]] = {
     "c": c_receiver,
-    "python": lambda socket: python_batch_receiver(pyzmq_receiver(socket)),
+    "python-pyzmq": lambda socket: python_batch_receiver(pyzmq_receiver(socket)),
+    "python-held": python_held_receiver,  # the reader's first batch without the C path
 }
 
 
@@ -310,3 +318,31 @@ def test_a_batch_receive_that_fails_raises_as_pyzmq_does(
     with pytest.raises(zmq.ZMQError) as raised:
         batch_receiver_of(pub)(10)
     assert raised.value.errno == zmq.ENOTSUP
+
+
+def test_a_python_batch_returns_what_it_received_before_a_failure() -> None:
+    """As the C path: the messages received are returned, the failure comes next call
+    (a fake `take`: a socket failing between two messages cannot be arranged)."""
+    script: list[list[bytes] | Exception] = [[b"one"], [b"two"], zmq.ZMQError(zmq.ETERM)]
+
+    def take() -> list[bytes] | None:
+        step = script.pop(0)
+        if isinstance(step, Exception):
+            raise step
+        return step
+
+    receive = python_batch_receiver(take)
+    assert receive(10) == [[b"one"], [b"two"]]
+    script.append(zmq.ZMQError(zmq.ETERM))
+    with pytest.raises(zmq.ZMQError):
+        receive(10)
+
+
+def test_a_sequence_that_does_not_fit_eight_bytes_is_refused(
+    records_sender_of: Callable[[zmq.Socket], SendRecords], pair: tuple[zmq.Socket, zmq.Socket]
+) -> None:
+    """Not wrapped around (struct.error from Python's pack, OverflowError from C)."""
+    send = records_sender_of(pair[0])
+    for sequence, contents in ((-1, [b"a"]), (2**64, [b"a"]), (2**64 - 1, [b"a", b"b"])):
+        with pytest.raises((OverflowError, struct.error)):
+            send(b"P", sequence, contents)
