@@ -19,7 +19,7 @@ from backends.dafka.consumer import Consumer
 from backends.dafka.proto import Message
 from backends.dafka.storage import Storage
 from backends.dafka.store import Store
-from backends.dafka.store import reader as reader_module
+from backends.dafka.store.reader import batches
 from backends.dafka.test_peer import TestPeer
 from backends.dafka.tower import Tower
 from tests.dafka.stores import (
@@ -39,14 +39,23 @@ def test_fetch_answers_exactly_the_requested_range(linked: TestPeer, store: Stor
     assert got == [(3, b"r3"), (4, b"r4"), (5, b"r5"), (6, b"r6")]  # C would add r7
 
 
-def test_a_long_fetch_answer_comes_whole_and_in_order(
-    linked: TestPeer, store: Store, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Sent a batch at a time: by count, and by bytes (made small here)."""
-    monkeypatch.setattr(reader_module, "_SEND_CHUNK_BYTES", 5_000)
+def test_a_long_fetch_answer_comes_whole_and_in_order(linked: TestPeer, store: Store) -> None:
+    """Sent in several batches (`batches`, below)."""
     contents = [b"r%d" % i + b"x" * (i % 700) for i in range(2_500)]
     store_records(linked, "long", contents)
     assert direct_records_of(linked, "long", 0, 2_500) == list(enumerate(contents))
+
+
+def test_fetch_answers_are_cut_into_batches_by_count_bytes_and_gaps() -> None:
+    records = [(seq, b"x" * 10) for seq in range(5, 12)] + [(20, b"y"), (21, b"z" * 30)]
+    got = [
+        (first, [len(content) for content in run])
+        for first, run in batches(iter(records), count=3, size=25)
+    ]
+    # Three at most; closed once 25 bytes are in (30 = 3 x 10); a gap starts a new one.
+    assert got == [(5, [10, 10, 10]), (8, [10, 10, 10]), (11, [10]), (20, [1, 30])]
+    assert list(batches(iter([]))) == []
+    assert list(batches(iter(records[:2]), count=2, size=5)) == [(5, [b"x" * 10]), (6, [b"x" * 10])]
 
 
 def test_a_fetch_answer_keeps_each_records_sequence_across_a_gap(

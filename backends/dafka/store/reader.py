@@ -14,7 +14,7 @@ learns of a partition it missed (see `head_push.py`).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import structlog
 import zmq
@@ -38,6 +38,26 @@ _READER_CHUNK = 1_000  # requests handled before the reader looks at its other s
 # Records of a FETCH answer read from the DB before they are sent, and their bytes.
 _SEND_CHUNK = 1_000
 _SEND_CHUNK_BYTES = 1 << 20
+
+
+def batches(
+    records: Iterable[tuple[int, bytes]],
+    count: int = _SEND_CHUNK,
+    size: int = _SEND_CHUNK_BYTES,
+) -> Iterator[tuple[int, list[bytes]]]:
+    """`records` (sequence, content) as batches (first sequence, contents) of consecutive
+    sequences, each closed at `count` records or once it holds `size` bytes."""
+    first, run, held = 0, list[bytes](), 0
+    for seq, content in records:
+        if run and (seq != first + len(run) or len(run) >= count or held >= size):
+            yield first, run
+            run, held = [], 0
+        if not run:
+            first = seq
+        run.append(content)
+        held += len(content)
+    if run:
+        yield first, run
 
 
 class Reader(StoreActor):
@@ -140,22 +160,9 @@ class Reader(StoreActor):
         prefix = encoder.frame1(0)[:-8]
         send = self.send_records
         sent = 0
-        # Records of consecutive sequences from `first`, to send, and their bytes.
-        first, run, size = 0, list[bytes](), 0
-        for seq, content in self.storage.read(
-            msg.subject.encode(), msg.topic, msg.sequence, msg.count
+        for first, run in batches(
+            self.storage.read(msg.subject.encode(), msg.topic, msg.sequence, msg.count)
         ):
-            if run and (
-                seq != first + len(run) or len(run) >= _SEND_CHUNK or size >= _SEND_CHUNK_BYTES
-            ):
-                send(prefix, first, run)
-                sent += len(run)
-                run, size = [], 0
-            if not run:
-                first = seq
-            run.append(content)
-            size += len(content)
-        if run:
             send(prefix, first, run)
             sent += len(run)
         if self.verbose:
