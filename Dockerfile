@@ -27,7 +27,8 @@ COPY clients/python ./clients/python
 COPY clients/spark ./clients/spark
 RUN /opt/rafka/bin/pip install . \
     && /opt/rafka/bin/rafka --version \
-    && /opt/rafka/bin/python -c "import backends.dafka._zmqbatch"
+    && /opt/rafka/bin/python -P -c \
+       "from backends.dafka.held_send import batch_module; assert batch_module(), 'no C path'"
 
 # --- spark: the flights pipeline (clients/spark) with PySpark on Java 17 -----------------
 # `docker build --target spark -t rafka-spark .`; docker-compose.yml's `spark` profile.

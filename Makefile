@@ -15,6 +15,8 @@ SOAK_ARGS ?=
 
 $(STAMP): pyproject.toml setup.py backends/dafka/_zmqbatch.c | compiler
 	$(PYTHON) -m venv $(VENV)
+	@# A C source that no longer compiles must not leave the last build in use.
+	rm -f backends/dafka/_zmqbatch.*.so
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[test]'
 	touch $@
@@ -29,7 +31,8 @@ compiler:
 	@if ! command -v gcc >/dev/null || ! $(PYTHON) -c '$(HAS_PYTHON_H)'; then \
 	  echo "installing Debian packages: gcc python3-dev"; \
 	  $(SUDO) apt-get update -qq && \
-	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq gcc python3-dev; \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq gcc python3-dev \
+	    || echo "no C compiler: the Dafka engine will run its Python paths"; \
 	fi
 
 # The tests drive real redis-server, redis-cli and redis-rb, and validate the compose file
