@@ -19,9 +19,11 @@ KNOWN_CYCLES: set[frozenset[str]] = set()
 
 
 def modules() -> dict[str, Path]:
+    """Every module of the product: its Python sources, and its C extensions (a `.c`
+    source each, built by setup.py), which import none of the product's modules."""
     found = {}
     for package in PACKAGES:
-        for path in (ROOT / package).rglob("*.py"):
+        for path in [*(ROOT / package).rglob("*.py"), *(ROOT / package).rglob("*.c")]:
             parts = list(path.relative_to(ROOT).with_suffix("").parts)
             if parts[-1] == "__init__":
                 parts.pop()
@@ -32,6 +34,8 @@ def modules() -> dict[str, Path]:
 def imported(name: str, path: Path, known: dict[str, Path]) -> Iterator[str]:
     """The product modules `name` imports (`from a import b` counts as a.b when b is a
     module, else as a)."""
+    if path.suffix == ".c":
+        return
     package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
