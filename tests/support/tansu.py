@@ -53,6 +53,13 @@ class TansuBroker:
             env={"RUST_LOG": os.environ.get("TANSU_LOG", "error")},
         )
 
+    @property
+    def pid(self) -> int:
+        """The broker's process id (it must be running)."""
+        if self._child is None:
+            raise RuntimeError("the broker is not running")
+        return self._child.pid
+
     def stop(self) -> None:
         child, self._child = self._child, None
         if child is not None:
