@@ -98,7 +98,7 @@ def _failed() -> None:
     no error; anything else is pyzmq's error."""
     code = ctypes.get_errno()
     if code not in (errno.EAGAIN, errno.EINTR):
-        raise zmq.ZMQError(code)
+        raise zmq_error(code)
 
 
 def pyzmq_receiver(socket: zmq.Socket) -> Receive:
@@ -147,7 +147,7 @@ def batch_receiver(socket: zmq.Socket) -> ReceiveMany:
         try:
             messages: list[list[bytes]] = receive(handle, limit)
         except OSError as error:
-            raise zmq_error(error) from None
+            raise zmq_error(error.errno) from None
         return messages
 
     return receive_many

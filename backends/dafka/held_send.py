@@ -84,9 +84,9 @@ def batch_module() -> ModuleType | None:
     return module
 
 
-def zmq_error(error: OSError) -> zmq.ZMQError:
-    """A failure of the C fast path as pyzmq raises it."""
-    code = error.errno or errno.EFAULT
+def zmq_error(code: int | None) -> zmq.ZMQError:
+    """libzmq's error `code` (from ctypes or the C fast path) as pyzmq raises it."""
+    code = code or errno.EFAULT
     return zmq.Again(code) if code == errno.EAGAIN else zmq.ZMQError(code)
 
 
@@ -118,8 +118,7 @@ def held_sender(socket: zmq.Socket) -> Send:
             fallback(data, flags)
             return
         if sent < 0:
-            errno = ctypes.get_errno()
-            raise zmq.Again(errno) if errno == zmq.EAGAIN else zmq.ZMQError(errno)
+            raise zmq_error(ctypes.get_errno())
 
     return send
 
@@ -155,7 +154,7 @@ def records_sender(socket: zmq.Socket, hold_gil: bool) -> SendRecords:
         except TypeError:  # a content that is not bytes, refused before anything went
             fallback(prefix, sequence, contents)
         except OSError as error:
-            raise zmq_error(error) from None
+            raise zmq_error(error.errno) from None
 
     return send
 
