@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import math
 import re
@@ -95,23 +96,13 @@ def session_topics(
 def parse_timeout(raw: bytes, default: float) -> float | None:
     """Seconds to wait (None = forever). Not a number -> Rafka's default."""
     # A consumer sends the same timeout every time: its parse (0.5 us, the regular
-    # expression mostly) is looked up instead.
-    try:
-        return _TIMEOUTS[(raw, default)]
-    except KeyError:
-        pass
-    parsed = _parse_timeout(raw, default)
+    # expression mostly) is cached; refusals are not (lru_cache keeps no exception), nor
+    # timeouts longer than any number needs.
     if len(raw) <= _TIMEOUT_KEPT_LENGTH:
-        if len(_TIMEOUTS) >= _TIMEOUTS_KEPT:
-            _TIMEOUTS.clear()
-        _TIMEOUTS[(raw, default)] = parsed
-    return parsed
+        return _cached_timeout(raw, default)
+    return _parse_timeout(raw, default)
 
 
-# (timeout as sent, the default) -> parse_timeout's answer; errors are not kept, nor
-# timeouts longer than any number needs.
-_TIMEOUTS: dict[tuple[bytes, float], float | None] = {}
-_TIMEOUTS_KEPT = 256
 _TIMEOUT_KEPT_LENGTH = 32
 
 
@@ -125,6 +116,9 @@ def _parse_timeout(raw: bytes, default: float) -> float | None:
     if seconds == 0 or math.isinf(seconds):
         return None
     return seconds
+
+
+_cached_timeout = functools.lru_cache(maxsize=256)(_parse_timeout)
 
 
 def record_reply(record: Record) -> list[Reply]:
