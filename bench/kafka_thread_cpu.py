@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -21,22 +20,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from run import kafka_config
 
+from tests.support.processes import thread_cpu
 from tests.support.rafka_process import RafkaProcess
 from tests.support.tansu import TansuBroker
 
-# (pid, thread id) -> (thread name, user ticks, system ticks)
-Snapshot = dict[tuple[int, str], tuple[str, int, int]]
+# (pid, thread id) -> (thread name, user CPU seconds, system CPU seconds)
+Snapshot = dict[tuple[int, int], tuple[str, float, float]]
 
 
 def snapshot(pids: list[int]) -> Snapshot:
-    found: Snapshot = {}
-    for pid in pids:
-        for thread in os.listdir(f"/proc/{pid}/task"):
-            base = f"/proc/{pid}/task/{thread}"
-            with open(f"{base}/stat") as stat, open(f"{base}/comm") as comm:
-                fields = stat.read().rsplit(")", 1)[1].split()
-                found[(pid, thread)] = (comm.read().strip(), int(fields[11]), int(fields[12]))
-    return found
+    return {(pid, tid): cpu for pid in pids for tid, cpu in thread_cpu(pid).items()}
 
 
 def benchmark(port: int, key: str, pipeline: int, commands: int) -> str:
@@ -58,7 +51,6 @@ def main() -> None:
     parser.add_argument("commands", type=int)
     parser.add_argument("--linger-ms", type=int, default=None)
     args = parser.parse_args()
-    ticks = os.sysconf("SC_CLK_TCK")
     with TansuBroker() as broker, tempfile.TemporaryDirectory() as scratch:
         config = Path(scratch) / "librdkafka.json"
         config.write_text(json.dumps(kafka_config(broker.bootstrap, args.linger_ms)))
@@ -79,7 +71,7 @@ def main() -> None:
         if (pid, thread) not in before:
             continue
         _, user_before, system_before = before[(pid, thread)]
-        scale = 1e6 / ticks / args.commands
+        scale = 1e6 / args.commands
         du, ds = (user - user_before) * scale, (system - system_before) * scale
         total += du + ds
         if du + ds >= 0.05:

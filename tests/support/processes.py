@@ -114,5 +114,20 @@ def children_cpu(pid: int) -> float:
 
 def process_cpu(pid: int) -> float:
     """CPU seconds (user + system) `pid` used so far, all its threads."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return sum(_user_system(Path(f"/proc/{pid}/stat")))
+
+
+def thread_cpu(pid: int) -> dict[int, tuple[str, float, float]]:
+    """Each thread of `pid`: its id -> (its name, user CPU seconds, system CPU seconds)."""
+    threads = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        name = (task / "comm").read_text().strip()
+        threads[int(task.name)] = (name, *_user_system(task / "stat"))
+    return threads
+
+
+def _user_system(stat: Path) -> tuple[float, float]:
+    """User and system CPU seconds from a /proc stat file (a process's or a thread's)."""
+    fields = stat.read_text().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / ticks, int(fields[12]) / ticks
