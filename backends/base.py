@@ -391,6 +391,17 @@ class Producer(ABC):
             enqueued += len(values)
         return enqueued
 
+    def produce_grouped(self, runs: Sequence[Run]) -> bool:
+        """Enqueue every run's values in order, with its topic and key, if all of them can
+        be enqueued now, and return True; else enqueue none and return False (the caller
+        then produces them in order, with produce_runs, to learn which is refused).
+
+        Each run is to a topic of its own, so the runs' order is not one a consumer could
+        see: a pipeline round-robin over many topics, its values gathered by topic, is
+        produced in one run per topic instead of one per value. This default takes none;
+        engines that can tell in advance that all will be taken override it."""
+        return False
+
     async def wait_for_room(self, timeout: float) -> None:
         """After a QueueFullError: return once queued records (anyone's) have become
         durable or failed since that refusal, so that a retry may find room, or after

@@ -151,40 +151,50 @@ def _produce_batch(
     holding it with the refusal, which may wait for room; the ones after it are given
     back to the pipeline, to run as if they came next.
 
-    The commands to one key in a row make one run (`Producer.produce_runs`):
-    `redis-benchmark -P 16` sends 16 RPUSHX to one key per read, one run of 16 values;
-    a pipeline round-robin over 100 topics, runs of one value, all in one call."""
+    The values are gathered by key: `redis-benchmark -P 16` sends 16 RPUSHX to one key
+    per read, one run of 16 values; a pipeline round-robin over 100 topics, 100 runs
+    (`Producer.produce_grouped`), each topic's values in one, when each topic has one key
+    in the batch and the engine takes them all at once; else the commands to one key in
+    a row make one run, all in one call (`Producer.produce_runs`), a run per value
+    round-robin."""
     values = first[2:]
-    runs: list[Run] = [(*target, values)]
+    raw_key = first[1]
+    groups = {raw_key: values}  # raw key -> its values, in order
+    changes = 0  # of key from one command to the next: runs in order, less one
     batch = [first]
     single = len(first) == 3  # one value each, as redis-benchmark's
     if together:
-        name, raw_key = first[0], first[1]
+        name = first[0]
         next_named = pipeline.next_named
         while (after := next_named(name)) is not None:
-            if after[1] == raw_key:
-                if len(after) == 3:
-                    values.append(after[2])
-                else:
-                    values.extend(after[2:])
-                    single = False
-            else:
-                next_target = _TARGETS.get(after[1])
-                if next_target is None:
-                    try:
-                        next_target = _target(after[1])
-                    except errors.RespError:  # answered with its error once these ran
-                        pipeline.give_back([after])
-                        break
+            if after[1] != raw_key:
                 raw_key = after[1]
-                values = after[2:]
-                runs.append((*next_target, values))
-                if len(after) != 3:
-                    single = False
+                changes += 1
+                held = groups.get(raw_key)
+                if held is None:
+                    if raw_key not in _TARGETS:
+                        try:
+                            _target(raw_key)
+                        except errors.RespError:  # answered with its error once these ran
+                            pipeline.give_back([after])
+                            break
+                    held = groups[raw_key] = []
+                values = held
+            if len(after) == 3:
+                values.append(after[2])
+            else:
+                values.extend(after[2:])
+                single = False
             batch.append(after)
     try:
-        if len(runs) > 1:
-            producer.produce_runs(runs)
+        if len(groups) > 1:
+            runs: list[Run] = [
+                (*(_TARGETS.get(raw) or _target(raw)), held) for raw, held in groups.items()
+            ]
+            if len({run[0] for run in runs}) < len(runs) or not producer.produce_grouped(runs):
+                # In order, so that a refusal falls between two commands as it would
+                # have when each ran alone.
+                producer.produce_runs(runs if changes < len(runs) else _runs_in_order(batch))
         elif len(values) == 1:  # produce() is cheaper than produce_many() for one value
             producer.produce(*target, values[0])
         else:
@@ -220,6 +230,21 @@ def _produce_batch(
     else:
         answers.extend([len(command) - 2 for command in batch])
     return _Ran.ALL
+
+
+def _runs_in_order(batch: list[list[bytes]]) -> list[Run]:
+    """The values of `batch` (RPUSHX commands whose keys parse), the commands to one key
+    in a row in one run."""
+    runs: list[Run] = []
+    raw_key = None
+    values: list[bytes] = []
+    for command in batch:
+        if command[1] != raw_key:
+            raw_key = command[1]
+            values = []
+            runs.append((*(_TARGETS.get(raw_key) or _target(raw_key)), values))
+        values.extend(command[2:])
+    return runs
 
 
 def _queue_full(

@@ -135,6 +135,45 @@ async def test_produce_runs_enqueues_each_run_as_produce_many_would(
 
 
 @asyncio_test
+async def test_produce_grouped_enqueues_all_of_its_runs_or_none(
+    engine_factory: EngineFactory,
+) -> None:
+    """Runs each to a topic of its own (a pipeline round-robin over topics, its values
+    gathered by topic): taken all together, each topic's values in order and counted
+    once, or none taken at all (an engine may always decline: the gateway then produces
+    them in order). A closed handle takes none."""
+    first, second = engine_factory.new_topic(1), engine_factory.new_topic(1)
+    framed = b"\xffRK\x01 looks like a Dafka envelope"
+    runs: list[tuple[str, bytes | None, list[bytes]]] = [
+        (first, None, [b"a0", framed, b"a1"]),
+        (second, b"k", [b"b0", b"b1"]),
+    ]
+    async with engine_factory.running() as engine:
+        handle = engine.producer("s")
+        if not handle.produce_grouped(runs):
+            assert engine.stats.get(Stats.PRODUCED) == 0, "declined, yet records went in"
+            assert handle.outstanding() == 0
+        else:
+            assert engine.stats.get(Stats.PRODUCED) == 5
+            assert await handle.flush(WAIT) == 0
+            assert engine.stats.get(Stats.DELIVERED) == 5, "flush returned before all were stored"
+            for topic, expected, key in (
+                (first, [b"a0", framed, b"a1"], None),
+                (second, [b"b0", b"b1"], b"k"),
+            ):
+                consumer = await engine.consumer(new_group(), "c1", [topic], {})
+                records = await consume(consumer, len(expected))
+                assert [r.value for r in records] == expected, topic
+                assert {r.key for r in records} == {key}, topic
+                assert await consumer.next(0.3) is None, "a record was delivered twice"
+                await consumer.close()
+        produced = engine.stats.get(Stats.PRODUCED)
+        await handle.close(WAIT)
+        assert handle.produce_grouped(runs) is False, "a closed handle takes none"
+        assert engine.stats.get(Stats.PRODUCED) == produced
+
+
+@asyncio_test
 async def test_keyed_records_share_a_partition_and_offsets_count_up_by_one(
     engine_factory: EngineFactory,
 ) -> None:

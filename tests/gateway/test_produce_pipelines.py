@@ -216,3 +216,29 @@ def test_a_pipeline_that_changes_topic_at_every_rpushx_keeps_each_topics_order(
     for at, topic in enumerate(topics):
         with Raw(server.port, timeout=60) as raw:
             assert consume(raw, topic, 20) == [b"r%d" % n for n in range(at, 60, 3)]
+
+
+def test_a_pipeline_with_two_keys_to_one_topic_keeps_the_partitions_order(
+    server: ServerThread, new_topic: Callable[[int], str]
+) -> None:
+    """RPUSHX round-robin over two topics, one of them reached by three keys (without a
+    partition key, with one, and through another prefix, which Rafka does not check): its
+    one partition holds the records in the order sent, however the gateway gathers a
+    pipeline's values by topic."""
+    shared, other = new_topic(1), new_topic(1)
+    keys = [
+        b"topics:%s" % shared.encode(),
+        b"topics:%s:k" % shared.encode(),
+        b"x:%s" % shared.encode(),
+    ]
+    commands: list[bytes] = []
+    for n in range(30):
+        commands.append(command(b"RPUSHX", keys[n % 3], b"s%d" % n))
+        commands.append(command(b"RPUSHX", b"topics:%s" % other.encode(), b"o%d" % n))
+    with Raw(server.port, timeout=60) as raw:
+        raw.send(b"".join([*commands, command(b"DUMP", b"30000")]))
+        assert [raw.read_reply() for _ in range(len(commands) + 1)] == [1] * 60 + [0]
+    with Raw(server.port, timeout=60) as raw:
+        assert consume(raw, shared, 30) == [b"s%d" % n for n in range(30)]
+    with Raw(server.port, timeout=60) as raw:
+        assert consume(raw, other, 30) == [b"o%d" % n for n in range(30)]
