@@ -6,7 +6,9 @@ of Python apart, left in requests of a few records each, and the broker and libr
 paid per request several times what they pay per record in large ones. Records accepted
 during one pass (every command of every connection read in it) now reach librdkafka in
 one `produce_batch()` per topic at the next pass (or sooner: before a DUMP waits, before
-a record that must go alone, at close), so they leave together.
+a record that must go alone, at close), so they leave together; a batch of keyless
+records with the partition librdkafka chose last, so that it leaves in one request
+(backends.kafka.sticky).
 
 What must not change, and how it holds:
 - RPUSHX answers how many records were queued, or refuses at once. A record is only
@@ -33,10 +35,13 @@ from typing import Any, Protocol
 
 from confluent_kafka import KafkaError
 
+from backends.kafka.sticky import UNASSIGNED, Learner, StickyPartitions
+
 # librdkafka's defaults for the properties bounding its queue and its records.
 _DEFAULT_MAX_MESSAGES = 100_000
 _DEFAULT_MAX_KBYTES = 1_048_576
 _DEFAULT_MESSAGE_MAX_BYTES = 1_000_000
+_DEFAULT_STICKY_LINGER_MS = 10
 # Bytes of a record's wire size beyond its key and value that librdkafka adds before
 # comparing with message.max.bytes (its v2 overhead is well under this).
 _WIRE_MARGIN = 1024
@@ -73,6 +78,10 @@ class Pending:
         # serving callbacks, read by the loop; set operations are atomic under the GIL).
         self.known: set[str] = set()
         self._batches: dict[str, list[dict[str, Any]]] = {}
+        self._keyed: set[str] = set()  # topics with a keyed record among the deferred
+        self.sticky = StickyPartitions(
+            _int(config, "sticky.partitioning.linger.ms", _DEFAULT_STICKY_LINGER_MS) / 1000
+        )
         self._count = 0
         self._bytes = 0
         self._largest = 0  # the largest record deferred so far: bounds what the queue holds
@@ -100,11 +109,11 @@ class Pending:
                 return False
         if size > self._largest:
             self._largest = size
-        message = (
-            {"value": value, "callback": callback}
-            if key is None
-            else {"value": value, "key": key, "callback": callback}
-        )
+        if key is None:
+            message = {"value": value, "callback": callback}
+        else:
+            message = {"value": value, "key": key, "callback": callback}
+            self._keyed.add(topic)
         batch = self._batches.get(topic)
         if batch is None:
             self._batches[topic] = [message]
@@ -140,31 +149,62 @@ class Pending:
         loop.call_soon(self.send)
 
     def send(self) -> None:
-        """Hand every deferred record to librdkafka: one produce_batch() per topic."""
+        """Hand every deferred record to librdkafka: one produce_batch() per topic, a
+        batch of keyless records with the partition librdkafka chose last (`sticky`)."""
         self._scheduled = False
         if not self._count:
             return
         batches, self._batches = self._batches, {}
+        keyed, self._keyed = self._keyed, set()
         self._room_count -= self._count
         self._room_bytes -= self._bytes
         self._count = self._bytes = 0
         produce_batch = self._rd.produce_batch
+        sticky = self.sticky
         for topic, messages in batches.items():
+            partition = UNASSIGNED
+            if sticky.enabled and topic not in keyed:
+                partition = sticky.partition(topic)
+                if partition == UNASSIGNED:
+                    last = messages[-1]
+                    last["callback"] = sticky.learner(topic, last["callback"])
             try:
-                queued = produce_batch(topic, messages)
+                queued = produce_batch(topic, messages, partition)
             except Exception as exc:  # e.g. RuntimeError: the producer was closed
                 self._refused(topic, messages, str(exc))
                 continue
             if queued != len(messages):
                 refused = [message for message in messages if "_error" in message]
-                self._refused(topic, refused, None)
+                if partition != UNASSIGNED:
+                    refused = self._unassigned(topic, refused)
+                if refused:
+                    self._refused(topic, refused, None)
         self._on_sent()
+
+    def _unassigned(self, topic: str, refused: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Records refused with the partition learned (the topic has fewer partitions
+        now): given to librdkafka's partitioner instead; those it refuses too."""
+        self.sticky.forget(topic)
+        for message in refused:
+            del message["_error"]
+        last = refused[-1]  # keyless, as the whole batch: librdkafka's next choice, learned
+        last["callback"] = self.sticky.learner(topic, last["callback"])
+        try:
+            self._rd.produce_batch(topic, refused)
+        except Exception as exc:  # e.g. RuntimeError: the producer was closed
+            for message in refused:
+                message["_error"] = str(exc)
+            return refused
+        return [message for message in refused if "_error" in message]
 
     def _refused(self, topic: str, messages: list[dict[str, Any]], text: str | None) -> None:
         """Records librdkafka did not take: delivery errors of their owners."""
         self.known.discard(topic)
         for message in messages:
-            owner: Owner = message["callback"].__self__
+            callback = message["callback"]
+            if isinstance(callback, Learner):
+                callback = callback.callback
+            owner: Owner = callback.__self__
             error = text if text is not None else _error_text(message["_error"])
             owner.note_refused(error, topic, message["value"])
             owner.settle(1)

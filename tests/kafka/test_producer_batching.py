@@ -5,11 +5,15 @@ produce() changes: refusals at once with the same texts and counts, order, DUMP,
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import pytest
 
 from backends.base import ProduceError, QueueFullError, Stats
 from backends.kafka.engine import KafkaEngine
 from backends.kafka.producer import ProducerHandle
+from backends.kafka.sticky import UNASSIGNED, StickyPartitions
 from tests.support.consuming import WAIT, asyncio_test, consume, new_group
 from tests.support.kafka import running_engine
 from tests.support.tansu import TansuBroker
@@ -114,3 +118,88 @@ async def test_a_handle_outliving_the_engine_is_refused_on_a_known_topic(
     assert handle.outstanding() == 0, "refused records must not stay outstanding"
     assert engine.stats.get(Stats.PRODUCED) == 1
     assert engine.stats.get(Stats.DELIVERY_ERRORS) == 0
+
+
+def sticky_of(engine: KafkaEngine) -> StickyPartitions:
+    return engine._shared_producer().pending.sticky
+
+
+@asyncio_test
+async def test_keyless_batches_go_to_the_partition_librdkafka_chose_while_it_sticks(
+    tansu: TansuBroker,
+) -> None:
+    """Keyless records handed over together go with the partition librdkafka chose for
+    the topic's batch before, for as long as its own choice would stick
+    (sticky.partitioning.linger.ms, a minute here): every batch on one partition, in
+    order, as librdkafka's partitioner alone would have put them."""
+    topic = tansu.create_topic(4)
+    sticky = {"sticky.partitioning.linger.ms": "60000"}
+    async with running_engine(tansu.bootstrap, producer=sticky) as engine:
+        handle = engine.producer("s")
+        await known(engine, handle, topic)
+        sent = []
+        for batch in range(5):
+            values = [b"%d-%d" % (batch, i) for i in range(10)]
+            handle.produce_many(topic, None, values)
+            sent.extend(values)
+            assert await handle.flush(WAIT) == 0
+            assert sticky_of(engine).partition(topic) != UNASSIGNED, "no partition learned"
+        consumer = await engine.consumer(new_group(), "c1", [topic], {})
+        records = [r for r in await consume(consumer, 51) if r.value != b"first"]
+        await consumer.close()
+        assert len({r.partition for r in records}) == 1, "batches spread within one linger"
+        assert [r.value for r in records] == sent
+
+
+@asyncio_test
+async def test_keyless_batches_move_on_when_librdkafka_would_choose_again(
+    tansu: TansuBroker,
+) -> None:
+    """With a linger of 1 ms, librdkafka chooses again for the batch after each: a
+    stream of keyless batches spreads over the topic's partitions, instead of staying on
+    the first one learned. (librdkafka chooses at random among 4: all 30 choices alike
+    would happen once in 4**29 runs.)"""
+    topic = tansu.create_topic(4)
+    async with running_engine(
+        tansu.bootstrap, producer={"sticky.partitioning.linger.ms": "1"}
+    ) as engine:
+        handle = engine.producer("s")
+        await known(engine, handle, topic)
+        for batch in range(30):
+            handle.produce_many(topic, None, [b"%d-%d" % (batch, i) for i in range(5)])
+            assert await handle.flush(WAIT) == 0
+            # The event awaited is the linger's end itself: the next batch comes after it.
+            lingered = time.monotonic() + 0.002
+            while time.monotonic() < lingered:
+                await asyncio.sleep(0.001)
+        consumer = await engine.consumer(new_group(), "c1", [topic], {})
+        records = [r for r in await consume(consumer, 151) if r.value != b"first"]
+        await consumer.close()
+        assert len({r.partition for r in records}) >= 2, "every batch stayed on one partition"
+
+
+@asyncio_test
+async def test_records_refused_on_a_partition_learned_before_go_where_librdkafka_puts_them(
+    tansu: TansuBroker,
+) -> None:
+    """A partition learned that the topic no longer has (recreated with fewer: that
+    cannot be staged against a broker within one linger, so the learned partition is set
+    by hand, a mock of that failure): librdkafka refuses it at once, and the records go
+    where its partitioner puts them, all delivered, none counted as failed."""
+    topic = tansu.create_topic(2)
+    sticky = {"sticky.partitioning.linger.ms": "60000"}
+    async with running_engine(tansu.bootstrap, producer=sticky) as engine:
+        handle = engine.producer("s")
+        await known(engine, handle, topic)
+        sticky_of(engine).learn(topic, 7)
+        values = [b"v-%d" % i for i in range(10)]
+        assert handle.produce_many(topic, None, values) == 10
+        assert await handle.flush(WAIT) == 0
+        assert engine.stats.get(Stats.DELIVERED) == 11
+        assert engine.stats.get(Stats.DELIVERY_ERRORS) == 0
+        assert sticky_of(engine).partition(topic) in (0, 1), "librdkafka's choice, learned"
+        consumer = await engine.consumer(new_group(), "c1", [topic], {})
+        records = await consume(consumer, 11)
+        await consumer.close()
+        assert sorted(r.value or b"" for r in records) == sorted([b"first", *values])
+        assert {r.partition for r in records} <= {0, 1}

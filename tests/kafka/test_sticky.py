@@ -1,0 +1,73 @@
+"""backends.kafka.sticky on its own: what it learns from delivery reports and how long it
+keeps it, on a clock of the test's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from backends.kafka.sticky import UNASSIGNED, StickyPartitions
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Report:
+    """What a delivery callback reads of its record."""
+
+    def __init__(self, partition: int) -> None:
+        self._partition = partition
+
+    def partition(self) -> int:
+        return self._partition
+
+
+def test_a_partition_is_kept_for_one_linger_from_when_it_was_learned() -> None:
+    clock = Clock()
+    sticky = StickyPartitions(0.01, clock)
+    assert sticky.partition("t") == UNASSIGNED, "nothing learned yet"
+    sticky.learn("t", 3)
+    clock.now += 0.009
+    assert sticky.partition("t") == 3
+    assert sticky.partition("u") == UNASSIGNED, "learned for its own topic only"
+    clock.now += 0.001
+    assert sticky.partition("t") == UNASSIGNED, "a linger later, librdkafka chooses again"
+    clock.now -= 0.005
+    assert sticky.partition("t") == UNASSIGNED, "and what it chose is learned anew"
+
+
+def test_a_forgotten_partition_is_not_used_again() -> None:
+    sticky = StickyPartitions(60.0, Clock())
+    sticky.learn("t", 5)
+    sticky.forget("t")
+    assert sticky.partition("t") == UNASSIGNED
+    sticky.forget("never-learned")
+
+
+def test_without_a_linger_nothing_is_learned() -> None:
+    """sticky.partitioning.linger.ms 0: librdkafka places every keyless record anew."""
+    sticky = StickyPartitions(0.0, Clock())
+    assert not sticky.enabled
+    sticky.learn("t", 1)
+    assert sticky.partition("t") == UNASSIGNED
+
+
+def test_a_learner_calls_its_callback_and_learns_only_a_delivered_records_partition() -> None:
+    sticky = StickyPartitions(60.0, Clock())
+    calls: list[tuple[Any, Any]] = []
+
+    def callback(error: Any, message: Any) -> None:
+        calls.append((error, message))
+
+    failed, delivered = Report(1), Report(2)
+    learner = sticky.learner("t", callback)
+    learner("Local: Message timed out", failed)
+    assert sticky.partition("t") == UNASSIGNED, "a failed record's partition taught nothing"
+    learner(None, delivered)
+    assert sticky.partition("t") == 2
+    assert calls == [("Local: Message timed out", failed), (None, delivered)]
+    assert learner.callback is callback
