@@ -534,22 +534,16 @@ class ProducerHandle(Producer):
         return super().produce_runs(runs)  # run by run, in order, up to a refusal
 
     def produce_grouped(self, runs: Sequence[Run]) -> bool:
-        # Each run to a topic of its own: to a writer of its own, no two to merge.
+        # Each run to a topic of its own: a writer each, so none refused for the order.
         if self._closed or self._engine.stopped:
             return False
-        writer_this_pass = self._engine.writer_this_pass
-        queued: list[tuple[PartitionWriter, Sequence[bytes]]] = []
-        total = 0
         try:
-            for topic, key, values in runs:
-                writer = writer_this_pass(topic, key)
-                if writer.failed is not None or writer.internal:
-                    return False
-                queued.append((writer, _wrapped(key, values)))
-                total += len(values)
-        except ProduceError:
+            by_writer = self._by_writer(runs)
+        except ProduceError:  # refused at once: produce_runs says where
             return False
-        return self._queue_all(queued, total)
+        if by_writer is None:
+            return False
+        return self._queue_all(by_writer.items(), sum(map(len, by_writer.values())))
 
     def _queue_all(
         self, queued: Iterable[tuple[PartitionWriter, Sequence[bytes]]], total: int

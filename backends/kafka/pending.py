@@ -79,9 +79,11 @@ class Pending:
         self.known: set[str] = set()
         self._batches: dict[str, list[dict[str, Any]]] = {}
         self._keyed: set[str] = set()  # topics with a keyed record among the deferred
-        self.sticky = StickyPartitions(
-            _int(config, "sticky.partitioning.linger.ms", _DEFAULT_STICKY_LINGER_MS) / 1000
-        )
+        # librdkafka's `random` partitioner places each keyless record anew: no stickiness.
+        linger = _int(config, "sticky.partitioning.linger.ms", _DEFAULT_STICKY_LINGER_MS)
+        if config.get("partitioner") == "random":
+            linger = 0
+        self.sticky = StickyPartitions(linger / 1000)
         self._count = 0
         self._bytes = 0
         self._largest = 0  # the largest record deferred so far: bounds what the queue holds
@@ -185,6 +187,8 @@ class Pending:
         """Records refused with the partition learned (the topic has fewer partitions
         now): given to librdkafka's partitioner instead; those it refuses too."""
         self.sticky.forget(topic)
+        if not refused:  # counted short, but no record says which: nothing to retry
+            return refused
         for message in refused:
             del message["_error"]
         last = refused[-1]  # keyless, as the whole batch: librdkafka's next choice, learned

@@ -32,6 +32,7 @@ from confluent_kafka import Producer as RdProducer
 
 from backends.base import ProduceError, Producer, ProducerCreationError, QueueFullError, Stats
 from backends.kafka.pending import Pending
+from backends.kafka.sticky import UNASSIGNED
 from backends.kafka.texts import creation_error_text, error_text
 from backends.settings import redacted
 
@@ -54,7 +55,6 @@ _VALUE_PREVIEW = 64  # bytes of a failed record's value shown in the log
 # What librdkafka's produce() raises for a refused record; RuntimeError: "Producer has
 # been closed", for a handle that outlived the engine's stop().
 _REFUSALS = (BufferError, KafkaException, TypeError, ValueError, RuntimeError)
-_ANY_PARTITION = -1  # RD_KAFKA_PARTITION_UA: librdkafka's partitioner chooses
 
 
 class SharedProducer:
@@ -278,7 +278,7 @@ class ProducerHandle(Producer):
         on_delivery = self._delivery_cb if topic in self._known else self._learning_cb
         try:
             # Positional (topic, value, key, partition, on_delivery): no keyword matching.
-            self._rd_produce(topic, value, key, _ANY_PARTITION, on_delivery)
+            self._rd_produce(topic, value, key, UNASSIGNED, on_delivery)
         except _REFUSALS as exc:
             self._unproduce(1)
             self._refused_at = refused_at
@@ -317,7 +317,7 @@ class ProducerHandle(Producer):
         refused_at = self._shared.generation
         try:
             for enqueued in range(taken, count):  # `enqueued` is read on refusal
-                rd_produce(topic, values[enqueued], key, _ANY_PARTITION, on_delivery)
+                rd_produce(topic, values[enqueued], key, UNASSIGNED, on_delivery)
         except _REFUSALS as exc:
             # `enqueued` is the refused record's index: the ones before it stay queued.
             self._unproduce(count - enqueued)

@@ -168,17 +168,17 @@ def _produce_batch(
         next_named = pipeline.next_named
         while (after := next_named(name)) is not None:
             if after[1] != raw_key:
-                raw_key = after[1]
-                changes += 1
-                held = groups.get(raw_key)
+                held = groups.get(after[1])
                 if held is None:
-                    if raw_key not in _TARGETS:
+                    if after[1] not in _TARGETS:
                         try:
-                            _target(raw_key)
+                            _target(after[1])
                         except errors.RespError:  # answered with its error once these ran
                             pipeline.give_back([after])
                             break
-                    held = groups[raw_key] = []
+                    held = groups[after[1]] = []
+                raw_key = after[1]
+                changes += 1
                 values = held
             if len(after) == 3:
                 values.append(after[2])
@@ -191,7 +191,11 @@ def _produce_batch(
             runs: list[Run] = [
                 (*(_TARGETS.get(raw) or _target(raw)), held) for raw, held in groups.items()
             ]
-            if len({run[0] for run in runs}) < len(runs) or not producer.produce_grouped(runs):
+            if not (
+                type(producer).produce_grouped is not Producer.produce_grouped  # may take them
+                and len({run[0] for run in runs}) == len(runs)
+                and producer.produce_grouped(runs)
+            ):
                 # In order, so that a refusal falls between two commands as it would
                 # have when each ran alone.
                 producer.produce_runs(runs if changes < len(runs) else _runs_in_order(batch))

@@ -125,30 +125,52 @@ def sticky_of(engine: KafkaEngine) -> StickyPartitions:
 
 
 @asyncio_test
-async def test_keyless_batches_go_to_the_partition_librdkafka_chose_while_it_sticks(
+async def test_keyless_batches_go_to_the_partition_learned_while_it_sticks(
     tansu: TansuBroker,
 ) -> None:
-    """Keyless records handed over together go with the partition librdkafka chose for
-    the topic's batch before, for as long as its own choice would stick
-    (sticky.partitioning.linger.ms, a minute here): every batch on one partition, in
-    order, as librdkafka's partitioner alone would have put them."""
+    """Keyless records handed over together go with the partition learned for the topic,
+    for as long as librdkafka's own choice would stick (sticky.partitioning.linger.ms, a
+    minute here), in order. librdkafka would keep them on the partition of the topic's
+    first record for that minute; the one learned is set by hand to another, so that only
+    the learned partition can put them there."""
     topic = tansu.create_topic(4)
     sticky = {"sticky.partitioning.linger.ms": "60000"}
     async with running_engine(tansu.bootstrap, producer=sticky) as engine:
         handle = engine.producer("s")
         await known(engine, handle, topic)
+        consumer = await engine.consumer(new_group(), "c1", [topic], {})
+        [first] = await consume(consumer, 1)
+        learned = (first.partition + 1) % 4
+        sticky_of(engine).learn(topic, learned)
         sent = []
         for batch in range(5):
             values = [b"%d-%d" % (batch, i) for i in range(10)]
             handle.produce_many(topic, None, values)
             sent.extend(values)
             assert await handle.flush(WAIT) == 0
-            assert sticky_of(engine).partition(topic) != UNASSIGNED, "no partition learned"
-        consumer = await engine.consumer(new_group(), "c1", [topic], {})
-        records = [r for r in await consume(consumer, 51) if r.value != b"first"]
+        records = await consume(consumer, 50)
         await consumer.close()
-        assert len({r.partition for r in records}) == 1, "batches spread within one linger"
+        assert {r.partition for r in records} == {learned}
         assert [r.value for r in records] == sent
+
+
+@asyncio_test
+async def test_an_unassigned_batch_teaches_the_partition_librdkafka_chose(
+    tansu: TansuBroker,
+) -> None:
+    topic = tansu.create_topic(4)
+    sticky = {"sticky.partitioning.linger.ms": "60000"}
+    async with running_engine(tansu.bootstrap, producer=sticky) as engine:
+        handle = engine.producer("s")
+        await known(engine, handle, topic)
+        assert sticky_of(engine).partition(topic) == UNASSIGNED
+        handle.produce_many(topic, None, [b"a", b"b"])
+        assert await handle.flush(WAIT) == 0
+        learned = sticky_of(engine).partition(topic)
+        consumer = await engine.consumer(new_group(), "c1", [topic], {})
+        records = await consume(consumer, 3)
+        await consumer.close()
+        assert learned == records[-1].partition, "not where librdkafka put the batch"
 
 
 @asyncio_test

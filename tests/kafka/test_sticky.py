@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from backends.kafka.pending import Pending
 from backends.kafka.sticky import UNASSIGNED, StickyPartitions
 
 
@@ -37,7 +38,7 @@ def test_a_partition_is_kept_for_one_linger_from_when_it_was_learned() -> None:
     clock.now += 0.001
     assert sticky.partition("t") == UNASSIGNED, "a linger later, librdkafka chooses again"
     clock.now -= 0.005
-    assert sticky.partition("t") == UNASSIGNED, "and what it chose is learned anew"
+    assert sticky.partition("t") == UNASSIGNED, "forgotten once its linger ended"
 
 
 def test_a_forgotten_partition_is_not_used_again() -> None:
@@ -71,3 +72,43 @@ def test_a_learner_calls_its_callback_and_learns_only_a_delivered_records_partit
     assert sticky.partition("t") == 2
     assert calls == [("Local: Message timed out", failed), (None, delivered)]
     assert learner.callback is callback
+
+
+class ClosedLibrdkafka:
+    """A fake of confluent-kafka's Producer that refuses every batch as a producer closed
+    under the loop would: a refusal that cannot be timed against a real one."""
+
+    def __len__(self) -> int:
+        return 0
+
+    def produce_batch(self, topic: str, messages: list[dict[str, Any]], partition: int) -> int:
+        raise RuntimeError("Producer has been closed")
+
+
+class Owner:
+    """A producer handle, as Pending sees one: whose bound method is each callback."""
+
+    def __init__(self) -> None:
+        self.refused: list[tuple[str, str, bytes]] = []
+        self.settled = 0
+
+    def on_delivery(self, error: Any, message: Any) -> None:
+        raise AssertionError("no record was delivered")
+
+    def note_refused(self, error: str, topic: str, value: bytes) -> None:
+        self.refused.append((error, topic, value))
+
+    def settle(self, count: int) -> None:
+        self.settled += count
+
+
+def test_a_refused_batch_that_was_to_teach_its_partition_is_its_owners_delivery_error() -> None:
+    """The last record of an unassigned batch carries a Learner: refused, it is still
+    its owner's record, settled and noted as refused (no running loop here, so each
+    record is sent as it is taken)."""
+    pending = Pending(ClosedLibrdkafka(), {})
+    owner = Owner()
+    assert pending.take("t", None, b"v", 1, owner.on_delivery)
+    assert owner.refused == [("Producer has been closed", "t", b"v")]
+    assert owner.settled == 1
+    assert "t" not in pending.known
