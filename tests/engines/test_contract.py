@@ -94,6 +94,18 @@ async def test_producing_counts_each_record_once_and_flush_waits_for_them(
         assert engine.stats.get(Stats.UNFLUSHED) == 0
 
 
+async def read_back(engine: Engine, expected: list[tuple[str, list[bytes], bytes | None]]) -> None:
+    """Each (topic, values, key) of `expected`, read by a group of its own: exactly those
+    values in order, each with that key, none delivered twice."""
+    for topic, values, key in expected:
+        consumer = await engine.consumer(new_group(), "c1", [topic], {})
+        records = await consume(consumer, len(values))
+        assert [r.value for r in records] == values, topic
+        assert {r.key for r in records} == {key}, topic
+        assert await consumer.next(0.3) is None, "a record was delivered twice"
+        await consumer.close()
+
+
 @asyncio_test
 async def test_produce_runs_enqueues_each_run_as_produce_many_would(
     engine_factory: EngineFactory,
@@ -118,16 +130,10 @@ async def test_produce_runs_enqueues_each_run_as_produce_many_would(
         assert engine.stats.get(Stats.PRODUCED) == 7
         assert await handle.flush(WAIT) == 0
         assert engine.stats.get(Stats.DELIVERED) == 7, "flush returned before all were stored"
-        for topic, expected, key in (
-            (first, [b"a0", b"a1", framed, b"a2"], None),
-            (second, [b"b0", b"b1", b"b2"], b"k"),
-        ):
-            consumer = await engine.consumer(new_group(), "c1", [topic], {})
-            records = await consume(consumer, len(expected))
-            assert [r.value for r in records] == expected, topic
-            assert {r.key for r in records} == {key}, topic
-            assert await consumer.next(0.3) is None, "a record was delivered twice"
-            await consumer.close()
+        await read_back(
+            engine,
+            [(first, [b"a0", b"a1", framed, b"a2"], None), (second, [b"b0", b"b1", b"b2"], b"k")],
+        )
         await handle.close(WAIT)
         with pytest.raises(ProduceError) as refused:
             handle.produce_runs(runs)
@@ -157,16 +163,9 @@ async def test_produce_grouped_enqueues_all_of_its_runs_or_none(
             assert engine.stats.get(Stats.PRODUCED) == 5
             assert await handle.flush(WAIT) == 0
             assert engine.stats.get(Stats.DELIVERED) == 5, "flush returned before all were stored"
-            for topic, expected, key in (
-                (first, [b"a0", framed, b"a1"], None),
-                (second, [b"b0", b"b1"], b"k"),
-            ):
-                consumer = await engine.consumer(new_group(), "c1", [topic], {})
-                records = await consume(consumer, len(expected))
-                assert [r.value for r in records] == expected, topic
-                assert {r.key for r in records} == {key}, topic
-                assert await consumer.next(0.3) is None, "a record was delivered twice"
-                await consumer.close()
+            await read_back(
+                engine, [(first, [b"a0", framed, b"a1"], None), (second, [b"b0", b"b1"], b"k")]
+            )
         produced = engine.stats.get(Stats.PRODUCED)
         await handle.close(WAIT)
         assert handle.produce_grouped(runs) is False, "a closed handle takes none"
