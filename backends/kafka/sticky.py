@@ -19,7 +19,8 @@ linger from its report, where librdkafka's own choice ran one linger from its fi
 record, and librdkafka moves off a partition that lost its leader at once, the learned
 one only when its linger ends. Records refused on a learned partition (the topic has
 fewer partitions now) go unassigned at once (`Pending._unassigned`). Keyed records are
-not concerned: librdkafka places them by their key. With the `random` partitioner
+not concerned: librdkafka places them by their key; nor is a batch of one record
+(`Pending.send`). With the `random` partitioner
 (no stickiness) or a linger of 0, every batch goes unassigned.
 """
 

@@ -3,6 +3,7 @@ keeps it, on a clock of the test's."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from backends.kafka.pending import Pending
@@ -103,12 +104,19 @@ class Owner:
 
 
 def test_a_refused_batch_that_was_to_teach_its_partition_is_its_owners_delivery_error() -> None:
-    """The last record of an unassigned batch carries a Learner: refused, it is still
-    its owner's record, settled and noted as refused (no running loop here, so each
-    record is sent as it is taken)."""
-    pending = Pending(ClosedLibrdkafka(), {})
+    """The last record of an unassigned batch of keyless records carries a Learner:
+    refused, it is still its owner's record, settled and noted as refused."""
     owner = Owner()
-    assert pending.take("t", None, b"v", 1, owner.on_delivery)
-    assert owner.refused == [("Producer has been closed", "t", b"v")]
-    assert owner.settled == 1
+
+    async def send_two() -> Pending:
+        pending = Pending(ClosedLibrdkafka(), {})
+        assert pending.take("t", None, b"v0", 2, owner.on_delivery)
+        assert pending.take("t", None, b"v1", 2, owner.on_delivery)
+        pending.send()  # as the loop pass's end would, the two in one batch
+        return pending
+
+    pending = asyncio.run(send_two())
+    refused = "Producer has been closed"
+    assert owner.refused == [(refused, "t", b"v0"), (refused, "t", b"v1")]
+    assert owner.settled == 2
     assert "t" not in pending.known
