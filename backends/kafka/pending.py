@@ -165,9 +165,8 @@ class Pending:
         sticky = self.sticky
         for topic, messages in batches.items():
             partition = UNASSIGNED
-            # One record is placed in one step either way; and at 1,000 topics a pass
-            # had one a topic, the gateway's CPU per record rose by a third with each
-            # pinned and taught (bench/growth.py --shapes 1000x1, on Kafka).
+            # One record has no request to share: at 1,000 topics (one a topic and
+            # pass), pinning and teaching each would cost a learner per topic and pass.
             if sticky.enabled and len(messages) > 1 and topic not in keyed:
                 partition = sticky.partition(topic)
                 if partition == UNASSIGNED:
