@@ -26,6 +26,8 @@ from pathlib import Path
 from backends.process import ProcessError, describe_exit, spawn
 
 BIN = Path(sys.executable).parent
+# The programs run this checkout's code, not the one the editable install points at.
+REPO = Path(__file__).resolve().parent.parent
 C_REFERENCE = (
     "C original (zeromq/dafka PR #53, 2020, author's laptop): about 500,000 msg/s "
     "store-acknowledged (dafka_perf_store); no latency figure published. "
@@ -40,7 +42,9 @@ class Program:
     def __init__(self, *args: str) -> None:
         self.args = args
         self.child = spawn(
-            [str(BIN / args[0]), *args[1:]], env={"PYTHONUNBUFFERED": "1"}, keep_lines=None
+            [str(BIN / args[0]), *args[1:]],
+            env={"PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)},
+            keep_lines=None,
         )
 
     @property

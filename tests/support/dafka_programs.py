@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from backends.process import spawn
+from tests.support.rafka_process import CHILD_ENV
 
 BIN = Path(sys.executable).parent  # the venv's programs
 
@@ -50,7 +51,7 @@ class Program:
         self.child = spawn(
             [str(BIN / args[0]), *args[1:]],
             stdin=stdin,
-            env={"PYTHONUNBUFFERED": "1"},
+            env=CHILD_ENV,
             keep_lines=None,
         )
 

@@ -15,6 +15,10 @@ from tests.support.kafka import kafka_document
 
 RAFKA = Path(sys.executable).parent / "rafka"
 REPO = Path(__file__).resolve().parents[2]
+# The child runs this checkout's code, whatever checkout the editable install points at:
+# a benchmark run from a second worktree (old and new trees compared) measured the
+# first one's code in both.
+CHILD_ENV = {"PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)}
 
 
 class RafkaProcess:
@@ -39,7 +43,7 @@ class RafkaProcess:
             ready=lambda: answers_ping(self.port),
             timeout=20,
             cwd=REPO,
-            env={"PYTHONUNBUFFERED": "1"},
+            env=CHILD_ENV,
             keep_lines=None,
         )
 
@@ -95,6 +99,6 @@ def start_rafka(
         ready=lambda: answers_ping(port),
         timeout=60,
         cwd=REPO,
-        env={"PYTHONUNBUFFERED": "1"},
+        env=CHILD_ENV,
     )
     return child, port
