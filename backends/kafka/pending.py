@@ -7,8 +7,8 @@ paid per request several times what they pay per record in large ones. Records a
 during one pass (every command of every connection read in it) now reach librdkafka in
 one `produce_batch()` per topic at the next pass (or sooner: before a DUMP waits, before
 a record that must go alone, at close), so they leave together; a batch of keyless
-records with the partition librdkafka chose last, so that it leaves in one request
-(backends.kafka.sticky).
+records with the partition librdkafka chose last, with which it leaves in fewer, larger
+requests (backends.kafka.sticky).
 
 What must not change, and how it holds:
 - RPUSHX answers how many records were queued, or refuses at once. A record is only
@@ -186,8 +186,9 @@ class Pending:
         self._on_sent()
 
     def _unassigned(self, topic: str, refused: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Records refused with the partition learned (the topic has fewer partitions
-        now): given to librdkafka's partitioner instead; those it refuses too."""
+        """Records refused with the partition learned (most likely the topic has fewer
+        partitions now): given to librdkafka's partitioner instead; returns those it
+        refuses too."""
         self.sticky.forget(topic)
         if not refused:  # counted short, but no record says which: nothing to retry
             return refused
