@@ -21,7 +21,7 @@ import asyncio
 import collections
 import contextlib
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import structlog
@@ -516,25 +516,21 @@ class ProducerHandle(Producer):
 
     def produce_runs(self, runs: Sequence[Run]) -> int:
         # A pipeline over many topics: runs of a value or a few, 10 a writer in a
-        # pipeline of 1,000 over 100 topics. Each writer's values are submitted at once
-        # (one queue, one note of this session's positions) when none can be refused:
-        # the writers are the clients' and have not failed, and the queue has room for
-        # all. Order holds where it is kept: per writer (a partition), and the writers'
-        # records are handed to the actor together at the end of the pass anyway.
+        # pipeline of 1,000 over 100 topics. Order holds where it is kept: per writer (a
+        # partition), and the writers' records are handed to the actor together at the
+        # end of the pass anyway; so the runs go at once when none can be refused.
         if self._closed or self._engine.stopped:
             raise ProduceError(STOPPED)
-        try:
-            by_writer = self._by_writer(runs)
-        except ProduceError:  # a run is refused: run by run, below
-            by_writer = None
-        if by_writer is not None:
-            total = sum(map(len, by_writer.values()))
-            if self._queue_all(by_writer.items(), total):
-                return total
+        if self.produce_grouped(runs):
+            return sum(len(values) for _, _, values in runs)
         return super().produce_runs(runs)  # run by run, in order, up to a refusal
 
     def produce_grouped(self, runs: Sequence[Run]) -> bool:
-        # Each run to a topic of its own: a writer each, so none refused for the order.
+        # Each writer's values of all the runs queued at once (one queue, one note of
+        # this session's positions), when none can be refused: the writers are the
+        # clients' and have not failed, and the queue has room for all. submit()'s checks
+        # and counts paid once for all: at 1,000 topics a writer takes one value a pass,
+        # and submit() per writer was a tenth of the loop's time.
         if self._closed or self._engine.stopped:
             return False
         try:
@@ -543,20 +539,12 @@ class ProducerHandle(Producer):
             return False
         if by_writer is None:
             return False
-        return self._queue_all(by_writer.items(), sum(map(len, by_writer.values())))
-
-    def _queue_all(
-        self, queued: Iterable[tuple[PartitionWriter, Sequence[bytes]]], total: int
-    ) -> bool:
-        """Queue each writer's values if the queue has room for all `total` of them; the
-        writers are the clients' and have not failed. submit()'s checks and counts paid
-        once for all: at 1,000 topics a writer takes one value a pass, and submit() per
-        writer was a tenth of the loop's time."""
+        total = sum(map(len, by_writer.values()))
         handover = self._engine.handover
         if handover.unacked + total > self._engine.settings.queue_max_messages:
             return False
         note = self._note
-        for writer, values in queued:
+        for writer, values in by_writer.items():
             start = writer.submitted
             note(writer, start, writer.queue(values))
         handover.unacked += total
