@@ -191,11 +191,7 @@ def _produce_batch(
             runs: list[Run] = [
                 (*(_TARGETS.get(raw) or _target(raw)), held) for raw, held in groups.items()
             ]
-            if not (
-                type(producer).produce_grouped is not Producer.produce_grouped  # may take them
-                and len({run[0] for run in runs}) == len(runs)
-                and producer.produce_grouped(runs)
-            ):
+            if not (len({run[0] for run in runs}) == len(runs) and producer.produce_grouped(runs)):
                 # In order, so that a refusal falls between two commands as it would
                 # have when each ran alone.
                 producer.produce_runs(runs if changes < len(runs) else _runs_in_order(batch))
