@@ -23,11 +23,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
 from backends.process import ProcessError, describe_exit, spawn
+from tests.support.rafka_process import CHILD_ENV
 
 BIN = Path(sys.executable).parent
-# The programs run this checkout's code, not the one the editable install points at.
-REPO = Path(__file__).resolve().parent.parent
 C_REFERENCE = (
     "C original (zeromq/dafka PR #53, 2020, author's laptop): about 500,000 msg/s "
     "store-acknowledged (dafka_perf_store); no latency figure published. "
@@ -41,11 +42,7 @@ class Program:
 
     def __init__(self, *args: str) -> None:
         self.args = args
-        self.child = spawn(
-            [str(BIN / args[0]), *args[1:]],
-            env={"PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)},
-            keep_lines=None,
-        )
+        self.child = spawn([str(BIN / args[0]), *args[1:]], env=CHILD_ENV, keep_lines=None)
 
     @property
     def command(self) -> str:
