@@ -5,9 +5,6 @@ produce() changes: refusals at once with the same texts and counts, order, DUMP,
 
 from __future__ import annotations
 
-import asyncio
-import time
-
 import pytest
 
 from backends.base import ProduceError, QueueFullError, Stats
@@ -17,6 +14,7 @@ from backends.kafka.sticky import UNASSIGNED, StickyPartitions
 from tests.support.consuming import WAIT, asyncio_test, consume, new_group
 from tests.support.kafka import running_engine
 from tests.support.tansu import TansuBroker
+from tests.support.waiting import wait_until_async
 
 pytestmark = pytest.mark.kafka
 
@@ -190,10 +188,14 @@ async def test_keyless_batches_move_on_when_librdkafka_would_choose_again(
         for batch in range(30):
             handle.produce_many(topic, None, [b"%d-%d" % (batch, i) for i in range(5)])
             assert await handle.flush(WAIT) == 0
-            # The event awaited is the linger's end itself: the next batch comes after it.
-            lingered = time.monotonic() + 0.002
-            while time.monotonic() < lingered:
-                await asyncio.sleep(0.001)
+            # The next batch after the learned partition's linger (librdkafka's, begun
+            # before that was learned, has ended too).
+            await wait_until_async(
+                lambda: sticky_of(engine).partition(topic) == UNASSIGNED,
+                WAIT,
+                "the learned partition's linger to end",
+                interval=0.001,
+            )
         consumer = await engine.consumer(new_group(), "c1", [topic], {})
         records = [r for r in await consume(consumer, 151) if r.value != b"first"]
         await consumer.close()
