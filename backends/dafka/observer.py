@@ -18,7 +18,10 @@ heads of every subject (`proto.EVERY_SUBJECT`): the observer is *settled* once e
 reader it greeted has sent its mark (at least `min_stores` of them), or once `min_stores`
 have and no answer came for `settle` seconds. A hello can be lost (the reader's SUB had
 not joined our XPUB yet; our subscription to its answers had not reached it yet): a reader
-greeted and silent is greeted again every `RETRY` seconds. A reader greeted `GIVE_UP`
+greeted and silent is greeted again every `RETRY` seconds, and so is one whose mark
+counts more heads than came since its last mark: the start of its answer went out before
+our subscription to it reached the store (a gateway restarted at once on a busy machine
+loaded no committed offset, CI run of 2026-11-28). A reader greeted `GIVE_UP`
 times without a mark is taken for a C store (they send none): it counts as answered, by
 the quiet rule, and is greeted no more until a refresh.
 Judging by time alone made a gateway restarted on a slow machine settle before its
@@ -84,6 +87,9 @@ class Observer(Node):
         self._requester: dict[str, str] = {}  # reader -> our requester address for it
         self._reader_of: dict[bytes, str] = {}  # requester routing bytes -> reader
         self._held: dict[str, dict[tuple[str, str], int]] = {}  # reader -> its heads
+        # reader -> the partitions it answered since its last END_OF_HEADS, to tell a whole
+        # answer from one whose start went before our subscription to it had arrived.
+        self._answer: dict[str, set[tuple[str, str]]] = {}
         self._alive: set[str] = set()  # readers the tower still announces
         self._asked: set[str] = set()  # topics to ask every store about (actor picks up)
         self._last_answer = time.monotonic()
@@ -259,6 +265,7 @@ class Observer(Node):
                 for gone in self._alive - alive:
                     self._greeted_at.pop(gone, None)  # a dead store never answers
                     self._greetings.pop(gone, None)
+                    self._answer.pop(gone, None)
                 self._alive = alive
                 self._cond.notify_all()
 
@@ -296,9 +303,20 @@ class Observer(Node):
                 self._greetings[name] = self._greetings.get(name, 0) + 1
             self._cond.notify_all()
 
-    def _end_of_heads(self, requester: bytes) -> None:
+    def _end_of_heads(self, requester: bytes, sent: int) -> None:
         reader = self._reader_of.get(requester)
         if reader is None:
+            return
+        answered = len(self._answer.pop(reader, ()))
+        if answered < sent:
+            # Part of the answer went out before the store had our subscription to it: the
+            # heads it dropped may be the ones that matter (the offsets topic's, our own
+            # partitions'). Greet it again, as if the mark had been lost; a store that
+            # marks is not a C store, so this never counts towards GIVE_UP.
+            log.debug("partial heads answer", reader=reader, sent=sent, received=answered)
+            with self._cond:
+                self._greetings[reader] = 0
+                self._greeted_at[reader] = time.monotonic() - RETRY
             return
         with self._cond:
             self._complete.add(reader)
@@ -318,7 +336,7 @@ class Observer(Node):
             if msg.id not in (proto.HEAD, proto.DIRECT_HEAD) or msg.sequence < 0:
                 continue
             if proto.is_end_of_heads(msg):
-                self._end_of_heads(msg.topic)
+                self._end_of_heads(msg.topic, msg.sequence)
                 continue
             key = (msg.subject, msg.address)
             seq = msg.sequence
@@ -330,6 +348,7 @@ class Observer(Node):
                     table = self._stored
                     reader = self._reader_of.get(msg.topic)
                     if reader is not None:
+                        self._answer.setdefault(reader, set()).add(key)
                         held = self._held.setdefault(reader, {})
                         if seq > held.get(key, -1):
                             held[key] = seq

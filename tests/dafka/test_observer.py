@@ -11,6 +11,7 @@ from backends.dafka import proto
 from backends.dafka.config import Config
 from backends.dafka.observer import GIVE_UP, NotSettled, Observer
 from backends.dafka.producer import Producer
+from backends.dafka.storage import Storage
 from backends.dafka.store import Store
 from backends.dafka.test_peer import TestPeer
 from backends.dafka.tower import Tower
@@ -61,6 +62,8 @@ def test_an_empty_store_ends_its_answer_so_the_observer_settles(
 def _greeted(peer: TestPeer, observer: Observer) -> str:
     """Make `peer` a store reader the observer greets; the requester address it uses."""
     peer.wait_subscribed(proto.subscription(proto.STORE_HELLO, observer.address), 10)
+    # Else the greeting may go out before our SUB is there to get it: counted, not seen.
+    peer.wait_connected(observer.address, 10)
     peer.send_store_hello(observer.address)
     hello = peer.recv_id(proto.CONSUMER_HELLO, 10)
     assert hello.subjects == [proto.EVERY_SUBJECT], hello
@@ -78,6 +81,31 @@ def _end_of_heads(peer: TestPeer, requester: str, sent: int) -> None:
             sequence=sent,
         )
     )
+
+
+def test_every_observer_gets_every_head_of_a_large_store(
+    store_config: Config, tower: Tower
+) -> None:
+    """A store holding 20,000 partitions answers a new observer's hello at once, while
+    the observer's subscription to that answer may still be on its way: the start of the
+    answer was dropped, and a quarter of observers settled without some hundreds of heads
+    (for a gateway: its committed offsets, or its own partitions' heads)."""
+    partitions = 20_000
+    with Storage(store_config.get("store/db"), sync=False) as storage:
+        batch = storage.new_batch()
+        for number in range(partitions):
+            storage.stage_partition(batch, f"t{number}".encode(), b"P%d" % number, 3, 1, 1)
+        storage.commit(batch)
+    ctx: zmq.Context = zmq.Context.instance()
+    with Store(store_config, ctx):
+        for attempt in range(10):
+            observer = Observer(store_config, ctx)
+            try:
+                observer.wait_settled(1, 30)
+                seen = len(observer.topics())
+            finally:
+                observer.close()
+            assert seen == partitions, f"observer {attempt} settled with {seen} heads"
 
 
 def test_a_slow_store_is_waited_for_until_its_answer_ends(
@@ -99,6 +127,33 @@ def test_a_slow_store_is_waited_for_until_its_answer_ends(
         assert observer.stored_head("t", test_peer.address) == 41
         # The mark is not a partition.
         assert observer.topics() == {"t"}
+    finally:
+        observer.close()
+
+
+def test_a_store_whose_answer_lost_its_start_is_greeted_again(
+    dafka_config: Config, test_peer: TestPeer
+) -> None:
+    """The start of a store's answer went out before our subscription to it had reached
+    the store (a race a real store cannot be made to lose on purpose; played by a scripted
+    peer): its mark counts two heads, one came. The observer is not settled on that answer,
+    greets the store again at once, and settles on the whole answer, with both heads."""
+    observer = Observer(dafka_config, zmq.Context.instance(), settle=0.1)
+    try:
+        requester = _greeted(test_peer, observer)
+        test_peer.send_direct_head(requester, "t", 41)  # "offsets", 9 went before us
+        _end_of_heads(test_peer, requester, 2)
+        again = test_peer.recv_id(proto.CONSUMER_HELLO, 10)
+        assert again.address == requester and again.subjects == [proto.EVERY_SUBJECT]
+        with pytest.raises(NotSettled, match="0 of 1 Dafka store"):
+            observer.wait_settled(1, 0.5)
+        assert observer.stored_head("offsets", test_peer.address) is None
+        test_peer.send_direct_head(requester, "offsets", 9)
+        test_peer.send_direct_head(requester, "t", 41)
+        _end_of_heads(test_peer, requester, 2)
+        observer.wait_settled(1, 10)
+        assert observer.stored_head("offsets", test_peer.address) == 9
+        assert observer.stored_head("t", test_peer.address) == 41
     finally:
         observer.close()
 
