@@ -23,7 +23,8 @@ counts more heads than came since its last mark: the start of its answer went ou
 our subscription to it reached the store (a gateway restarted at once on a busy machine
 loaded no committed offset, CI run of 2026-11-28). A reader greeted `GIVE_UP`
 times without a mark is taken for a C store (they send none): it counts as answered, by
-the quiet rule, and is greeted no more until a refresh.
+the quiet rule, and is greeted no more until a refresh; one that sent a mark once never
+is (a partial answer repeated past that would settle the observer on it).
 Judging by time alone made a gateway restarted on a slow machine settle before its
 store's answer came, resume its partitions at offset 0 and lose records a store then
 refused as already held (the kill -9 test, CI run of 2026-11-24).
@@ -84,6 +85,7 @@ class Observer(Node):
         self._greeted_at: dict[str, float] = {}  # reader -> last full request, until marked
         self._greetings: dict[str, int] = {}  # reader -> full requests it left unmarked
         self._unmarked: set[str] = set()  # readers greeted GIVE_UP times, never marked: C
+        self._marking: set[str] = set()  # readers that sent a mark: never taken for C
         self._requester: dict[str, str] = {}  # reader -> our requester address for it
         self._reader_of: dict[bytes, str] = {}  # requester routing bytes -> reader
         self._held: dict[str, dict[tuple[str, str], int]] = {}  # reader -> its heads
@@ -248,7 +250,7 @@ class Observer(Node):
         for name, at in list(self._greeted_at.items()):
             if now - at < RETRY:
                 continue
-            if self._greetings.get(name, 0) < GIVE_UP:
+            if self._greetings.get(name, 0) < GIVE_UP or name in self._marking:
                 self._hello(sub, xpub, name.encode())
                 continue
             with self._cond:  # never marks: a C store; the quiet rule judges it
@@ -266,6 +268,7 @@ class Observer(Node):
                     self._greeted_at.pop(gone, None)  # a dead store never answers
                     self._greetings.pop(gone, None)
                     self._answer.pop(gone, None)
+                    self._marking.discard(gone)
                 self._alive = alive
                 self._cond.notify_all()
 
@@ -303,20 +306,20 @@ class Observer(Node):
                 self._greetings[name] = self._greetings.get(name, 0) + 1
             self._cond.notify_all()
 
-    def _end_of_heads(self, requester: bytes, sent: int) -> None:
-        reader = self._reader_of.get(requester)
-        if reader is None:
-            return
+    def _end_of_heads(self, reader: str, sent: int) -> None:
         answered = len(self._answer.pop(reader, ()))
+        self._marking.add(reader)
         if answered < sent:
             # Part of the answer went out before the store had our subscription to it: the
             # heads it dropped may be the ones that matter (the offsets topic's, our own
-            # partitions'). Greet it again, as if the mark had been lost; a store that
-            # marks is not a C store, so this never counts towards GIVE_UP.
-            log.debug("partial heads answer", reader=reader, sent=sent, received=answered)
+            # partitions'). Greet it again at once, as if the mark had been lost, unless
+            # an answer of it ended whole already or it is gone (no longer greeted).
+            log.info("partial heads answer", reader=reader, sent=sent, received=answered)
             with self._cond:
-                self._greetings[reader] = 0
-                self._greeted_at[reader] = time.monotonic() - RETRY
+                if reader in self._greeted_at or reader in self._unmarked:
+                    self._unmarked.discard(reader)
+                    self._greeted_at[reader] = time.monotonic() - RETRY
+                    self._cond.notify_all()
             return
         with self._cond:
             self._complete.add(reader)
@@ -336,7 +339,11 @@ class Observer(Node):
             if msg.id not in (proto.HEAD, proto.DIRECT_HEAD) or msg.sequence < 0:
                 continue
             if proto.is_end_of_heads(msg):
-                self._end_of_heads(msg.topic, msg.sequence)
+                reader = self._reader_of.get(msg.topic)
+                if reader is not None and msg.address == reader:
+                    self._end_of_heads(reader, msg.sequence)
+                elif reader is not None:  # a partition of subject "" (a C producer's)
+                    self._answer.setdefault(reader, set()).add((msg.subject, msg.address))
                 continue
             key = (msg.subject, msg.address)
             seq = msg.sequence

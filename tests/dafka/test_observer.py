@@ -9,7 +9,7 @@ import zmq
 
 from backends.dafka import proto
 from backends.dafka.config import Config
-from backends.dafka.observer import GIVE_UP, NotSettled, Observer
+from backends.dafka.observer import GIVE_UP, RETRY, NotSettled, Observer
 from backends.dafka.producer import Producer
 from backends.dafka.storage import Storage
 from backends.dafka.store import Store
@@ -137,7 +137,9 @@ def test_a_store_whose_answer_lost_its_start_is_greeted_again(
     """The start of a store's answer went out before our subscription to it had reached
     the store (a race a real store cannot be made to lose on purpose; played by a scripted
     peer): its mark counts two heads, one came. The observer is not settled on that answer,
-    greets the store again at once, and settles on the whole answer, with both heads."""
+    greets the store again at once and for as long as it takes (a store that marks is
+    never taken for a C store, which would settle it by the quiet rule), and settles on
+    the whole answer, with both heads."""
     observer = Observer(dafka_config, zmq.Context.instance(), settle=0.1)
     try:
         requester = _greeted(test_peer, observer)
@@ -146,7 +148,7 @@ def test_a_store_whose_answer_lost_its_start_is_greeted_again(
         again = test_peer.recv_id(proto.CONSUMER_HELLO, 10)
         assert again.address == requester and again.subjects == [proto.EVERY_SUBJECT]
         with pytest.raises(NotSettled, match="0 of 1 Dafka store"):
-            observer.wait_settled(1, 0.5)
+            observer.wait_settled(1, GIVE_UP * RETRY + 0.5)  # past a C store's greetings
         assert observer.stored_head("offsets", test_peer.address) is None
         test_peer.send_direct_head(requester, "offsets", 9)
         test_peer.send_direct_head(requester, "t", 41)
@@ -154,6 +156,32 @@ def test_a_store_whose_answer_lost_its_start_is_greeted_again(
         observer.wait_settled(1, 10)
         assert observer.stored_head("offsets", test_peer.address) == 9
         assert observer.stored_head("t", test_peer.address) == 41
+    finally:
+        observer.close()
+
+
+def test_only_the_reader_itself_ends_its_answer(dafka_config: Config, test_peer: TestPeer) -> None:
+    """A partition of subject "" (a C producer may write one) comes as a DIRECT_HEAD of
+    subject "" like the mark, but with the partition's address: it is a head, not the
+    end of the answer, and the answer ends with the reader's own mark counting it."""
+    observer = Observer(dafka_config, zmq.Context.instance(), settle=0.1)
+    try:
+        requester = _greeted(test_peer, observer)
+        other = "0" * 31 + "1"
+        test_peer.send(
+            proto.Message(
+                proto.DIRECT_HEAD,
+                requester.encode(),
+                address=other,
+                subject=proto.EVERY_SUBJECT,
+                sequence=0,
+            )
+        )
+        with pytest.raises(NotSettled, match="0 of 1 Dafka store"):
+            observer.wait_settled(1, 0.5)
+        _end_of_heads(test_peer, requester, 1)
+        observer.wait_settled(1, 10)
+        assert observer.answered() == 1
     finally:
         observer.close()
 
