@@ -34,13 +34,14 @@ def session_producer(session: Session) -> Producer:
     return session.producer
 
 
-# RPUSHX key bytes -> (topic, partition key): clients send the same few keys over and
-# over. Bounded: cleared when full, so a client cycling through keys costs a re-parse.
-_TARGETS: dict[bytes, tuple[str, bytes | None]] = {}
+Target = tuple[str, bytes | None]  # an RPUSHX key's topic and partition key
+# RPUSHX key bytes -> its target: clients send the same few keys over and over. Bounded:
+# cleared when full, so a client cycling through keys costs a re-parse.
+_TARGETS: dict[bytes, Target] = {}
 _TARGETS_MAX = 4096
 
 
-def _target(raw: bytes) -> tuple[str, bytes | None]:
+def _target(raw: bytes) -> Target:
     """`<prefix>:<topic>[:<key>]` -> (topic, key); raises the PROD form error."""
     parts = raw.split(b":")
     if len(parts) not in (2, 3):
@@ -139,7 +140,7 @@ class _Ran(enum.Enum):
 def _produce_batch(
     session: Session,
     producer: Producer,
-    target: tuple[str, bytes | None],
+    target: Target,
     first: list[bytes],
     pipeline: Pipeline,
     together: bool,
@@ -159,7 +160,7 @@ def _produce_batch(
     round-robin."""
     values = first[2:]
     raw_key = first[1]
-    groups = {raw_key: values}  # raw key -> its values, in order
+    groups = {raw_key: (target, values)}  # raw key -> its target and values, in order
     changes = 0  # of key from one command to the next: runs in order, less one
     batch = [first]
     single = len(first) == 3  # one value each, as redis-benchmark's
@@ -168,18 +169,19 @@ def _produce_batch(
         next_named = pipeline.next_named
         while (after := next_named(name)) is not None:
             if after[1] != raw_key:
-                held = groups.get(after[1])
-                if held is None:
-                    if after[1] not in _TARGETS:
+                group = groups.get(after[1])
+                if group is None:
+                    next_target = _TARGETS.get(after[1])
+                    if next_target is None:
                         try:
-                            _target(after[1])
+                            next_target = _target(after[1])
                         except errors.RespError:  # answered with its error once these ran
                             pipeline.give_back([after])
                             break
-                    held = groups[after[1]] = []
+                    group = groups[after[1]] = (next_target, [])
                 raw_key = after[1]
                 changes += 1
-                values = held
+                values = group[1]
             if len(after) == 3:
                 values.append(after[2])
             else:
@@ -188,13 +190,12 @@ def _produce_batch(
             batch.append(after)
     try:
         if len(groups) > 1:
-            runs: list[Run] = [
-                (*(_TARGETS.get(raw) or _target(raw)), held) for raw, held in groups.items()
-            ]
+            runs: list[Run] = [(*group_target, held) for group_target, held in groups.values()]
             if not (len({run[0] for run in runs}) == len(runs) and producer.produce_grouped(runs)):
                 # In order, so that a refusal falls between two commands as it would
                 # have when each ran alone.
-                producer.produce_runs(runs if changes < len(runs) else _runs_in_order(batch))
+                in_order = runs if changes < len(runs) else _runs_in_order(batch, groups)
+                producer.produce_runs(in_order)
         elif len(values) == 1:  # produce() is cheaper than produce_many() for one value
             producer.produce(*target, values[0])
         else:
@@ -232,9 +233,11 @@ def _produce_batch(
     return _Ran.ALL
 
 
-def _runs_in_order(batch: list[list[bytes]]) -> list[Run]:
-    """The values of `batch` (RPUSHX commands whose keys parse), the commands to one key
-    in a row in one run."""
+def _runs_in_order(
+    batch: list[list[bytes]], groups: dict[bytes, tuple[Target, list[bytes]]]
+) -> list[Run]:
+    """The values of `batch` (RPUSHX commands, their keys' targets in `groups`), the
+    commands to one key in a row in one run."""
     runs: list[Run] = []
     raw_key = None
     values: list[bytes] = []
@@ -242,7 +245,7 @@ def _runs_in_order(batch: list[list[bytes]]) -> list[Run]:
         if command[1] != raw_key:
             raw_key = command[1]
             values = []
-            runs.append((*(_TARGETS.get(raw_key) or _target(raw_key)), values))
+            runs.append((*groups[raw_key][0], values))
         values.extend(command[2:])
     return runs
 
