@@ -13,8 +13,8 @@ FROM python:3.11-slim-bookworm AS build
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 # Every dependency (confluent-kafka, pyzmq, rocksdict, hiredis) ships manylinux wheels
-# for amd64 and arm64. gcc builds the Dafka engine's C fast path (setup.py); the
-# extension it builds needs only libc at run time (libzmq is pyzmq's, found when loaded).
+# for amd64 and arm64. gcc builds the C fast paths (setup.py: the Dafka engine's and the
+# request parser's); they need only libc at run time (libzmq is pyzmq's, found when loaded).
 RUN apt-get update \
     && apt-get install -y --no-install-recommends gcc libc6-dev \
     && rm -rf /var/lib/apt/lists/*
@@ -28,7 +28,8 @@ COPY clients/spark ./clients/spark
 RUN /opt/rafka/bin/pip install . \
     && /opt/rafka/bin/rafka --version \
     && /opt/rafka/bin/python -P -c \
-       "from backends.dafka.held_send import batch_module; assert batch_module(), 'no C path'"
+       "from backends.dafka.held_send import batch_module; assert batch_module(), 'no C path'" \
+    && /opt/rafka/bin/python -P -c "import gateway.resp._repeat"
 
 # --- spark: the flights pipeline (clients/spark) with PySpark on Java 17 -----------------
 # `docker build --target spark -t rafka-spark .`; docker-compose.yml's `spark` profile.

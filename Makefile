@@ -13,18 +13,18 @@ SOAK_ARGS ?=
 .PHONY: run test test-fast venv compiler system-packages lint typecheck compose-check pytest bench \
 	bench-dafka bench-tls bench-push bench-idle bench-growth soak bench-spark pipeline clean
 
-$(STAMP): pyproject.toml setup.py backends/dafka/_zmqbatch.c | compiler
+$(STAMP): pyproject.toml setup.py backends/dafka/_zmqbatch.c gateway/resp/_repeat.c | compiler
 	$(PYTHON) -m venv $(VENV)
 	@# A C source that no longer compiles must not leave the last build in use.
-	rm -f backends/dafka/_zmqbatch.*.so
+	rm -f backends/dafka/_zmqbatch.*.so gateway/resp/_repeat.*.so
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[test]'
 	touch $@
 
 venv: $(STAMP)
 
-# The Dafka engine's C fast path (setup.py) needs a C compiler and Python's headers; without
-# them the install still succeeds, on the slower Python paths.
+# The C fast paths (setup.py: the Dafka engine's, the request parser's) need a C compiler
+# and Python's headers; without them the install still succeeds, on the slower Python paths.
 HAS_PYTHON_H := import os, sys, sysconfig; \
 	sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))
 compiler:
@@ -32,7 +32,7 @@ compiler:
 	  echo "installing Debian packages: gcc python3-dev"; \
 	  $(SUDO) apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq gcc python3-dev \
-	    || echo "no C compiler: the Dafka engine will run its Python paths"; \
+	    || echo "no C compiler: the Dafka engine and the parser will run their Python paths"; \
 	fi
 
 # The tests drive real redis-server, redis-cli and redis-rb, and validate the compose file
@@ -131,4 +131,5 @@ bench-growth: venv
 	$(BIN)/python bench/growth.py $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache build backends/dafka/_zmqbatch.*.so
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache build \
+	  backends/dafka/_zmqbatch.*.so gateway/resp/_repeat.*.so

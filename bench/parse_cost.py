@@ -1,6 +1,7 @@
 """What parsing a pipeline of RPUSHX costs per command, round-robin over 1, 100 and 1,000
-topics, with both request parsers (hiredis-backed and pure Python): the gateway's parse
-cost as the keys change, next to the one-topic figure of the same run.
+topics, with each request parser (hiredis-backed, its runs of one command parsed in C or
+in Python; pure Python): the gateway's parse cost as the keys change, next to the
+one-topic figure of the same run.
 
 The commands are those of bench/growth.py (100-byte values, keys `topics:growth-NNNN`),
 fed in 64 KiB reads as the connection reads them. Best of --rounds (the parse is pure
@@ -14,6 +15,8 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -33,11 +36,18 @@ def pipeline(topics: int, commands: int) -> list[bytes]:
     return [data[at : at + READ] for at in range(0, len(data), READ)]
 
 
-def cost(parser_class: type[RequestParser], reads: list[bytes], rounds: int) -> float:
+PARSERS: dict[str, Callable[[], RequestParser]] = {
+    "hiredis, runs in C": partial(HiredisRequestParser, repeat_in_c=True),
+    "hiredis, runs in Python": partial(HiredisRequestParser, repeat_in_c=False),
+    "pure Python": PythonRequestParser,
+}
+
+
+def cost(make: Callable[[], RequestParser], reads: list[bytes], rounds: int) -> float:
     """Microseconds per command, the best of `rounds`."""
     best = float("inf")
     for _ in range(rounds):
-        parser = parser_class()
+        parser = make()
         taken = 0
         start = time.perf_counter()
         for read in reads:
@@ -54,14 +64,14 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     print("pipelined RPUSHX, 100-byte values, us per command parsed (ratio to 1 topic):")
-    for parser_class in (HiredisRequestParser, PythonRequestParser):
+    for name, make in PARSERS.items():
         reference = 0.0
         figures = []
         for topics in (1, 100, 1000):
-            figure = cost(parser_class, pipeline(topics, args.commands), args.rounds)
+            figure = cost(make, pipeline(topics, args.commands), args.rounds)
             reference = reference or figure
             figures.append(f"{topics:>5} topic(s) {figure:5.2f} ({figure / reference:4.2f})")
-        print(f"  {parser_class.__name__:<22}" + "   ".join(figures))
+        print(f"  {name:<24}" + "   ".join(figures))
     return 0
 
 

@@ -6,7 +6,8 @@ byte strings alone.
 
 - ``requests``: the grammar a request must follow and the pure-Python parser.
 - ``inline``: inline (telnet) lines split into arguments, as Redis splits them.
-- ``fastpath``: hiredis parsing the common case in front of the Python parser.
+- ``fastpath``: hiredis parsing the common case in front of the Python parser, and
+  runs of one command read without it (in C, ``_repeat.c``, where it was built).
 - ``replies``: the reply values and their encodings.
 - ``errors``: the protocol errors, with their exact texts.
 """
