@@ -80,7 +80,7 @@ def test_foreign_partitions_get_stable_numbers_every_gateway_agrees_on() -> None
 def test_settings_defaults_and_overrides() -> None:
     settings = parse_section(None)
     assert (settings.partitions, settings.stores, settings.joined) == (4, 1, False)
-    assert settings.group_buffer == 50_000
+    assert settings.group_buffer == 10_000
     assert parse_section({"group_buffer": 800}).group_buffer == 800
     settings = parse_section(
         {
