@@ -37,6 +37,23 @@ static Py_ssize_t length_field(const char *buf, Py_ssize_t at, Py_ssize_t end,
     return (Py_ssize_t)value;
 }
 
+/* A limit as a Py_ssize_t: one past the largest (a limit may be configured up to any
+ * size) is as good as the largest, no command being longer than a buffer; -1 on error
+ * (negative limits are refused: the configuration's are at least 1). */
+static Py_ssize_t limit(PyObject *value) {
+    int overflow;
+    long long number = PyLong_AsLongLongAndOverflow(value, &overflow);
+    if (overflow > 0 || number > PY_SSIZE_T_MAX)
+        return PY_SSIZE_T_MAX;
+    if (number == -1 && PyErr_Occurred())
+        return -1;
+    if (overflow < 0 || number < 0) {
+        PyErr_SetString(PyExc_ValueError, "take(): a negative limit");
+        return -1;
+    }
+    return (Py_ssize_t)number;
+}
+
 /* take(buf, pos, end, first, named, max_bulk, max_query) -> (after, commands)
  *
  * The commands `[first, key, value]` at buf[pos:end], each `named` (its header up to its
@@ -53,11 +70,12 @@ static PyObject *take(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         PyErr_SetString(PyExc_TypeError, "take(): buf, first and named must be bytes");
         return NULL;
     }
-    Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
-    Py_ssize_t end = PyLong_AsSsize_t(args[2]);
-    Py_ssize_t max_bulk = PyLong_AsSsize_t(args[5]);
-    Py_ssize_t max_query = PyLong_AsSsize_t(args[6]);
-    if (PyErr_Occurred())
+    Py_ssize_t pos, end, max_bulk, max_query;
+    if ((pos = PyLong_AsSsize_t(args[1])) == -1 && PyErr_Occurred())
+        return NULL;
+    if ((end = PyLong_AsSsize_t(args[2])) == -1 && PyErr_Occurred())
+        return NULL;
+    if ((max_bulk = limit(args[5])) < 0 || (max_query = limit(args[6])) < 0)
         return NULL;
     const char *buf = PyBytes_AS_STRING(data);
     if (end > PyBytes_GET_SIZE(data))
@@ -74,14 +92,19 @@ static PyObject *take(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
         Py_ssize_t key_length = length_field(buf, pos + named_length, end, max_bulk, &key_start);
         if (key_length < 0)
             break;
+        /* Lengths are compared with what is left before they are added: a length of up
+         * to 19 digits added to a position would overflow. A command that does not end
+         * before `end` is not taken (Python stops there as well). */
+        if (key_length > end - key_start - 3)
+            break;
         Py_ssize_t key_end = key_start + key_length;
-        if (key_end + 3 > end || memcmp(buf + key_end, "\r\n$", 3) != 0)
+        if (memcmp(buf + key_end, "\r\n$", 3) != 0)
             break;
         Py_ssize_t length = length_field(buf, key_end + 3, end, max_bulk, &start);
-        if (length < 0 || start + length + 2 - pos > max_query)
+        if (length < 0 || length > end - start - 2 || length > max_query - (start + 2 - pos))
             break;
         Py_ssize_t stop = start + length;
-        if (stop + 2 > end || buf[stop] != '\r' || buf[stop + 1] != '\n')
+        if (buf[stop] != '\r' || buf[stop + 1] != '\n')
             break;
         if (key == NULL || PyBytes_GET_SIZE(key) != key_length ||
             memcmp(PyBytes_AS_STRING(key), buf + key_start, key_length) != 0) {

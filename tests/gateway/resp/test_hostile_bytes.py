@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Callable
+from functools import partial
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -29,6 +31,12 @@ from gateway.resp import (
 from tests.gateway.resp.parsing import Outcome, feed_pieces
 
 HOSTILE = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# Every parser: hiredis-backed with its runs of one command read in C and in Python.
+PARSERS: dict[str, Callable[[ParserLimits], RequestParser]] = {
+    "python": PythonRequestParser,
+    "hiredis": partial(HiredisRequestParser, repeat_in_c=True),
+    "hiredis-python-repeat": partial(HiredisRequestParser, repeat_in_c=False),
+}
 
 LIMITS = st.builds(
     ParserLimits,
@@ -105,10 +113,10 @@ def test_property_any_split_same_outcome_bounded_buffer(
     data: bytes, cuts: list[int], limits: ParserLimits
 ) -> None:
     reference = feed_checked(PythonRequestParser(limits), [data], limits)
-    for parser_class in (PythonRequestParser, HiredisRequestParser):
+    for name, make in PARSERS.items():
         for pieces in (split_at(data, cuts), [data[i : i + 1] for i in range(len(data))]):
-            outcome = feed_checked(parser_class(limits), pieces, limits)
-            assert outcome == reference, f"{parser_class.__name__} on {len(pieces)} reads"
+            outcome = feed_checked(make(limits), pieces, limits)
+            assert outcome == reference, f"{name} on {len(pieces)} reads"
 
 
 @HOSTILE
@@ -117,7 +125,9 @@ def test_property_random_bytes_only_protocol_errors(
     data: bytes, cuts: list[int], limits: ParserLimits
 ) -> None:
     reference = feed_checked(PythonRequestParser(limits), [data], limits)
-    assert feed_checked(HiredisRequestParser(limits), split_at(data, cuts), limits) == reference
+    for name in ("hiredis", "hiredis-python-repeat"):
+        outcome = feed_checked(PARSERS[name](limits), split_at(data, cuts), limits)
+        assert outcome == reference, name
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -135,8 +145,8 @@ def test_property_a_stream_that_never_ends_a_command_is_cut(
     limits = ParserLimits(max_arguments=4, max_bulk_length=1000, max_inline_length=2000,
                           max_query_buffer=3000)  # fmt: skip
     for start in (b"", b"*%d\r\n$1000\r\n" % count):
-        for parser_class in (PythonRequestParser, HiredisRequestParser):
-            parser = parser_class(limits)
+        for make in PARSERS.values():
+            parser = make(limits)
             endless = itertools.chain(
                 [start + prefix.replace(b"\n", b"")], itertools.repeat(b"x" * chunk)
             )

@@ -312,6 +312,29 @@ def test_the_c_fast_path_of_runs_is_built_on_linux() -> None:
     of the `hiredis` parser fail: `pip install -e .` builds it with a C compiler (gcc)."""
     if sys.platform == "linux":
         assert importlib.util.find_spec("gateway.resp._repeat"), "_repeat.c is not built"
+        importlib.import_module("gateway.resp._repeat")
+
+
+@pytest.mark.parametrize("limit", [2**63 - 1, 2**63, 2**64 + 5])
+def test_a_run_under_limits_past_any_buffer_parses_as_the_state_machine_does(
+    make: MakeParser, limit: int
+) -> None:
+    """Limits may be configured as large as one likes: a run's length fields of 19 digits
+    (up to 2^63 - 1) then announce commands that no buffer holds; the run stops before
+    them and the state machine decides (adding such a length to a position in C
+    overflowed, and a limit past 2^63 did not fit a C integer)."""
+    limits = ParserLimits(max_bulk_length=limit, max_query_buffer=limit)
+    first = multibulk(b"RPUSHX", b"t:k", b"v")
+    for length in (b"%d" % (2**63 - 1), b"%d" % (2**62)):
+        for tail in (
+            b"*3\r\n$6\r\nRPUSHX\r\n$" + length + b"\r\n",  # the key's length
+            b"*3\r\n$6\r\nRPUSHX\r\n$1\r\nk\r\n$" + length + b"\r\n",  # the value's
+            b"*3\r\n$6\r\nRPUSHX\r\n$1\r\nk\r\n$" + length + b"\r\nvalue",
+        ):
+            data = first * 2 + tail
+            reference = feed_pieces(PythonRequestParser(limits), [data])
+            assert reference[0] == [[b"RPUSHX", b"t:k", b"v"]] * 2
+            assert feed_pieces(make(limits), [data]) == reference
 
 
 def test_a_run_of_rpushx_to_one_key_with_values_of_any_length(make: MakeParser) -> None:
