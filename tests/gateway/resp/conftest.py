@@ -1,27 +1,21 @@
-"""Every parser test runs over every implementation: pure Python, and hiredis-backed with
-runs of one command parsed in C (`_repeat.c`) or in Python."""
+"""Every parser test runs over every implementation (`parsing.PARSERS`): pure Python, and
+hiredis-backed with runs of one command parsed in C (`_repeat.c`) or in Python."""
 
 from __future__ import annotations
 
 import pytest
 
-from gateway.resp import (
-    HiredisRequestParser,
-    ParserLimits,
-    PythonRequestParser,
-    RequestParser,
-    make_parser,
-)
-from tests.gateway.resp.parsing import DEFAULT_LIMITS, MakeParser
+from gateway.resp import HiredisRequestParser, ParserLimits, PythonRequestParser, RequestParser
+from tests.gateway.resp.parsing import DEFAULT_LIMITS, PARSERS, MakeParser
 
 
-@pytest.fixture(params=["python", "hiredis", "hiredis-python-repeat"])
+@pytest.fixture(params=list(PARSERS))
 def make(request: pytest.FixtureRequest) -> MakeParser:
     use_hiredis = request.param != "python"
-    repeat_in_c = request.param == "hiredis"
+    make_one = PARSERS[request.param]
 
     def factory(limits: ParserLimits = DEFAULT_LIMITS) -> RequestParser:
-        parser = make_parser(limits, use_hiredis=use_hiredis, repeat_in_c=repeat_in_c)
+        parser = make_one(limits)
         assert isinstance(parser, HiredisRequestParser if use_hiredis else PythonRequestParser)
         return parser
 

@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
-from gateway.resp import ParserLimits, ProtocolError, RequestParser
+from gateway.resp import ParserLimits, ProtocolError, RequestParser, make_parser
 
 Outcome = tuple[list[list[bytes]], str | None]  # commands, then the error text if any
 MakeParser = Callable[..., RequestParser]
+
+# Every request parser the gateway can run, by name (each takes the limits): pure Python,
+# and hiredis-backed with its runs of one command read in C (`_repeat.c`) or in Python.
+PARSERS: dict[str, MakeParser] = {
+    "python": partial(make_parser, use_hiredis=False),
+    "hiredis": partial(make_parser, use_hiredis=True, repeat_in_c=True),
+    "hiredis-python-repeat": partial(make_parser, use_hiredis=True, repeat_in_c=False),
+}
+HIREDIS = [name for name in PARSERS if name != "python"]  # those with hiredis's fast path
 
 DEFAULT_LIMITS = ParserLimits()
 RAFKA_LIMITS = ParserLimits(max_arguments=20)  # the original Rafka's argument limit

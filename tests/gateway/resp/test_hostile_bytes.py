@@ -13,30 +13,21 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable
-from functools import partial
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.resp import (
-    HiredisRequestParser,
     ParserLimits,
     ProtocolError,
     PythonRequestParser,
     RequestParser,
     encode_many,
 )
-from tests.gateway.resp.parsing import Outcome, feed_pieces
+from tests.gateway.resp.parsing import HIREDIS, PARSERS, Outcome, feed_pieces
 
 HOSTILE = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-# Every parser: hiredis-backed with its runs of one command read in C and in Python.
-PARSERS: dict[str, Callable[[ParserLimits], RequestParser]] = {
-    "python": PythonRequestParser,
-    "hiredis": partial(HiredisRequestParser, repeat_in_c=True),
-    "hiredis-python-repeat": partial(HiredisRequestParser, repeat_in_c=False),
-}
 
 LIMITS = st.builds(
     ParserLimits,
@@ -125,7 +116,7 @@ def test_property_random_bytes_only_protocol_errors(
     data: bytes, cuts: list[int], limits: ParserLimits
 ) -> None:
     reference = feed_checked(PythonRequestParser(limits), [data], limits)
-    for name in ("hiredis", "hiredis-python-repeat"):
+    for name in HIREDIS:
         outcome = feed_checked(PARSERS[name](limits), split_at(data, cuts), limits)
         assert outcome == reference, name
 
@@ -201,11 +192,12 @@ def test_huge_aggregate_counts_never_reach_hiredis(data: bytes) -> None:
     and the state machine refuses it at once, as the pure-Python parser does."""
     expected = feed_checked(PythonRequestParser(), [data], ParserLimits())
     for pieces in ([data], [data[:7], data[7:]], split_at(data, [len(data) - 9])):
-        started = time.monotonic()
-        outcome = feed_checked(HiredisRequestParser(), pieces, ParserLimits())
-        elapsed = time.monotonic() - started
-        assert outcome == expected
-        assert elapsed < 0.5, f"{elapsed:.2f}s to refuse {data[-16:]!r}"
+        for name in HIREDIS:
+            started = time.monotonic()
+            outcome = feed_checked(PARSERS[name](), pieces, ParserLimits())
+            elapsed = time.monotonic() - started
+            assert outcome == expected, name
+            assert elapsed < 0.5, f"{name}: {elapsed:.2f}s to refuse {data[-16:]!r}"
 
 
 def test_long_digit_runs_in_bulk_data_do_not_trouble_the_fast_path() -> None:
@@ -214,7 +206,9 @@ def test_long_digit_runs_in_bulk_data_do_not_trouble_the_fast_path() -> None:
     commands = [[b"RPUSHX", b"topics:t", b"*" + b"9" * 5000], [b"PING"]]
     data = encode_many(commands, 2)
     for pieces in ([data], [data[i : i + 1000] for i in range(0, len(data), 1000)]):
-        assert feed_checked(HiredisRequestParser(), pieces, ParserLimits()) == (commands, None)
+        for name in HIREDIS:
+            outcome = feed_checked(PARSERS[name](), pieces, ParserLimits())
+            assert outcome == (commands, None), name
 
 
 @pytest.mark.parametrize(
@@ -227,11 +221,12 @@ def test_long_digit_runs_in_bulk_data_do_not_trouble_the_fast_path() -> None:
 )
 def test_aggregate_chars_in_long_values_are_only_data(value: bytes) -> None:
     """A long argument (a BLPOP key naming many topics) whose bytes look like a huge
-    count after an aggregate char parses back whole, the same on both parsers, however
+    count after an aggregate char parses back whole, the same on every parser, however
     it is split."""
     commands = [[b"BLPOP", value, b"5"], [b"PING"]] * 3
     data = encode_many(commands, 2)
     expected = feed_checked(PythonRequestParser(), [data], ParserLimits())
     assert expected == (commands, None)
     for pieces in ([data], [data[i : i + 1000] for i in range(0, len(data), 1000)]):
-        assert feed_checked(HiredisRequestParser(), pieces, ParserLimits()) == expected
+        for name in HIREDIS:
+            assert feed_checked(PARSERS[name](), pieces, ParserLimits()) == expected, name

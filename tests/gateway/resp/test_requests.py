@@ -25,6 +25,8 @@ from gateway.resp import (
     make_parser,
 )
 from tests.gateway.resp.parsing import (
+    HIREDIS,
+    PARSERS,
     RAFKA_LIMITS,
     MakeParser,
     commands_of,
@@ -402,9 +404,8 @@ def hiredis_agrees_with_the_state_machine(data: bytes, cuts: list[int], small: b
     limits = SMALL_LIMITS if small else ParserLimits()
     reference = feed_pieces(PythonRequestParser(limits), [data])
     for pieces in ([data], split_at(data, cuts), [data[i : i + 1] for i in range(len(data))]):
-        for repeat_in_c in (True, False):
-            parser = HiredisRequestParser(limits, repeat_in_c=repeat_in_c)
-            assert feed_pieces(parser, pieces) == reference, f"repeat_in_c={repeat_in_c}"
+        for name in HIREDIS:
+            assert feed_pieces(PARSERS[name](limits), pieces) == reference, name
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -542,9 +543,8 @@ def test_property_encode_then_parse_round_trips(
     commands: list[list[bytes]], cuts: list[int]
 ) -> None:
     data = encode_many(commands, 2)
-    for use_hiredis in (False, True):
-        parser = make_parser(use_hiredis=use_hiredis)
-        assert feed_pieces(parser, split_at(data, cuts)) == (commands, None)
+    for name, make in PARSERS.items():
+        assert feed_pieces(make(), split_at(data, cuts)) == (commands, None), name
 
 
 @settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -558,9 +558,9 @@ def test_property_both_parsers_agree_on_any_split(
 ) -> None:
     limits = SMALL_LIMITS if small else ParserLimits()
     reference = feed_pieces(PythonRequestParser(limits), [data])
-    for parser_class in (PythonRequestParser, HiredisRequestParser):
+    for name, make in PARSERS.items():
         for pieces in ([data], split_at(data, cuts), [data[i : i + 1] for i in range(len(data))]):
-            assert feed_pieces(parser_class(limits), pieces) == reference
+            assert feed_pieces(make(limits), pieces) == reference, name
 
 
 def test_batches_are_taken_by_name_and_given_back_in_order(make: MakeParser) -> None:
