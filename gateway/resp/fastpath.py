@@ -8,6 +8,7 @@ the same bytes, however they are split into reads.
 from __future__ import annotations
 
 import re
+from abc import ABC, abstractmethod
 from collections import deque
 from itertools import chain
 from typing import Final
@@ -67,13 +68,13 @@ class HiredisFastPath(FastPath):
             repeat_in_c = _repeat is not None
         if repeat_in_c and _repeat is None:
             raise ImportError("gateway.resp._repeat is not built")
-        self._repeat_class = _CRepeat if repeat_in_c else _Repeat
+        self._repeat_class: type[_Run] = _CRepeat if repeat_in_c else _Repeat
         self._limits = limits
         # A count above max_arguments has at least this many digits: an aggregate char
         # (and a sign) before that many, as marked by _HEADER_MARKS.
         self._long_run = b"0" * len(str(limits.max_arguments))
         self._header = b"A" + self._long_run
-        self._repeat: _Repeat | None = None  # of the last 3-argument command taken
+        self._repeat: _Run | None = None  # of the last 3-argument command taken
 
     def take(self, buf: bytes, pos: int, end: int, ready: deque[list[bytes]]) -> int:
         """Take complete multibulk commands from buf[pos:end] with hiredis.
@@ -227,28 +228,44 @@ class HiredisFastPath(FastPath):
 _REMEMBERED: Final = 64 * 1024
 
 
-class _Repeat:
+class _Run(ABC):
     """Takes commands that repeat the first argument of one 3-argument command (a run of
     RPUSHX, of RPUSH acks, of BLPOP) without hiredis: each must be canonical (its encoding
     is exactly its bytes) and within the limits, else it and all after it are left to
-    hiredis and the state machine. A command that also repeats the second argument, with
-    a last argument of the same length, is told by one comparison of its whole header;
-    one with another second argument, by two when its lengths are those of the last such
-    command. One RPUSHX per read cost ~3.2 us through hiredis (a reader, the scan for huge
-    headers, the canonical check), ~0.4 us here; in a pipeline ~0.84 against ~0.35 us to
-    one key, and ~1.2 against ~0.6 us round-robin over topics."""
+    hiredis and the state machine. In Python (`_Repeat`) or in C (`_CRepeat`)."""
 
-    __slots__ = (
-        "first", "head", "key_length", "length", "max_bulk", "max_query", "named", "other",
-        "second", "sized", "value_field", "value_length",
-    )  # fmt: skip
+    __slots__ = ("first", "max_bulk", "max_query", "named")
 
     def __init__(self, command: list[bytes], encoded: bytes, limits: ParserLimits) -> None:
-        self.first, second, last = command
+        """`command`, taken, as `encoded`."""
+        self.first = command[0]
         self.max_bulk = limits.max_bulk_length
         self.max_query = limits.max_query_buffer
         # Up to the second argument's length: the header of every command taken here.
         self.named = b"*3\r\n$%d\r\n%b\r\n$" % (len(self.first), self.first)
+
+    @abstractmethod
+    def take(self, buf: bytes, pos: int, end: int, ready: deque[list[bytes]]) -> int:
+        """Append the repeats starting at buf[pos:end] to `ready`; return the index after
+        the last one taken (`pos` when none)."""
+
+
+class _Repeat(_Run):
+    """`_Run` in Python, from the headers it remembers. A command that also repeats the
+    second argument, with a last argument of the same length, is told by one comparison of
+    its whole header; one with another second argument, by two when its lengths are those
+    of the last such command. One RPUSHX per read cost ~3.2 us through hiredis (a reader,
+    the scan for huge headers, the canonical check), ~0.4 us here; in a pipeline ~0.84
+    against ~0.35 us to one key, and ~1.2 against ~0.6 us round-robin over topics."""
+
+    __slots__ = (
+        "head", "key_length", "length", "other", "second", "sized", "value_field",
+        "value_length",
+    )  # fmt: skip
+
+    def __init__(self, command: list[bytes], encoded: bytes, limits: ParserLimits) -> None:
+        super().__init__(command, encoded, limits)
+        _, second, last = command
         key_start = encoded.index(b"\r\n", len(self.named)) + 2
         key_end = key_start + len(second)
         value_start = len(encoded) - len(last) - 2
@@ -359,10 +376,9 @@ class _Repeat:
         return key_start, key_end, start, length
 
 
-class _CRepeat(_Repeat):
-    """`_Repeat` whose runs are parsed by `_repeat.c`: ~0.1 us a command, whatever the
-    keys, against 0.3-0.5 us (the headers it keeps are those of the command it was made
-    from: C reads every header)."""
+class _CRepeat(_Run):
+    """`_Run` in C (`_repeat.c`), which reads every header in full: ~0.1 us a command,
+    whatever the keys, against 0.3-0.5 us in Python."""
 
     __slots__ = ()
 
