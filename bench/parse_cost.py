@@ -1,7 +1,7 @@
 """What parsing a pipeline of RPUSHX costs per command, round-robin over 1, 100 and 1,000
-topics, with each request parser (hiredis-backed, its runs of one command parsed in C or
-in Python; pure Python): the gateway's parse cost as the keys change, next to the
-one-topic figure of the same run.
+topics, with each request parser (tests/gateway/resp/parsing.PARSERS: pure Python;
+hiredis-backed, its runs of one command parsed in C or in Python): the gateway's parse
+cost as the keys change, next to the one-topic figure of the same run.
 
 The commands are those of bench/growth.py (100-byte values, keys `topics:growth-NNNN`),
 fed in 64 KiB reads as the connection reads them. Best of --rounds (the parse is pure
@@ -15,13 +15,11 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gateway.resp import HiredisRequestParser, PythonRequestParser, RequestParser
+from tests.gateway.resp.parsing import PARSERS, MakeParser
 from tests.support.resp import command
 
 READ = 64 * 1024  # bytes per read, as the connection reads
@@ -36,14 +34,7 @@ def pipeline(topics: int, commands: int) -> list[bytes]:
     return [data[at : at + READ] for at in range(0, len(data), READ)]
 
 
-PARSERS: dict[str, Callable[[], RequestParser]] = {
-    "hiredis, runs in C": partial(HiredisRequestParser, repeat_in_c=True),
-    "hiredis, runs in Python": partial(HiredisRequestParser, repeat_in_c=False),
-    "pure Python": PythonRequestParser,
-}
-
-
-def cost(make: Callable[[], RequestParser], reads: list[bytes], rounds: int) -> float:
+def cost(make: MakeParser, reads: list[bytes], rounds: int) -> float:
     """Microseconds per command, the best of `rounds`."""
     best = float("inf")
     for _ in range(rounds):
