@@ -559,14 +559,18 @@ class DafkaEngine(Engine):
         for group in self._readers_of.get(topic, ()):
             group.writer_failed(topic, address)
 
-    def published(self, topic: str, address: str, first: int, contents: list[bytes]) -> None:
-        """This gateway's writer of `address` handed `contents` (sequences `first`, ...)
-        to its publisher: the groups reading `topic` here take them at once, in process
-        (loop thread)."""
-        groups = self._readers_of.get(topic)
-        if groups:
-            for group in groups:
-                group.on_published(topic, address, first, contents)
+    def published(self, handed: list[tuple[str, str, int, list[bytes]]]) -> None:
+        """For each (topic, address, first, contents): this gateway's writer of `address`
+        handed `contents` (sequences `first`, ...) to its publisher: the groups reading
+        `topic` here take them at once, in process (loop thread)."""
+        readers_of = self._readers_of
+        if not readers_of:
+            return
+        for topic, address, first, contents in handed:
+            groups = readers_of.get(topic)
+            if groups:
+                for group in groups:
+                    group.on_published(topic, address, first, contents)
 
     def took(self, cursor: Hashable, end: int, count: int, generation: int) -> None:
         """A group took `count` records up to `end` (exclusive) of `cursor`'s partition

@@ -146,16 +146,17 @@ class Handover:
         stats: Stats,
         handed: Callable[[], None],
         note_stored: Callable[[list[tuple[str, str, int]]], None],
-        published: Callable[[str, str, int, list[bytes]], None],
+        published: Callable[[list[tuple[str, str, int, list[bytes]]]], None],
     ) -> None:
         """`handed()`: runs after each hand-over (the engine tells its reader what its
         groups took in process meanwhile: `DafkaEngine.send_took`).
         `note_stored([(topic, address, head), ...])`: the stores hold these partitions
         up to `head` (the observer's `note_stored_many`: one lock for all the writers
         one delivery of ACKs moved).
-        `published(topic, address, first, records)`: a writer's records are the actor's,
-        from sequence `first` on: this gateway's groups may take them now (in process:
-        docs/dafka-engine.md, "Latency"; `DafkaEngine.published`)."""
+        `published([(topic, address, first, records), ...])`: writers' records are the
+        actor's, each writer's from sequence `first` on: this gateway's groups may take
+        them now (in process: docs/dafka-engine.md, "Latency"; `DafkaEngine.published`),
+        told of a whole hand-over in one call."""
         self._progress = progress
         self._published = published
         self._handed = handed
@@ -229,8 +230,7 @@ class Handover:
                     writer.fail(error, len(records))
                 continue
             handed = zip(writers_of[publisher], firsts, batch, strict=True)
-            for writer, first, (_, records) in handed:
-                published(writer.topic, writer.address, first, records)
+            published([(w.topic, w.address, first, records) for w, first, (_, records) in handed])
         self._handed()
 
     def ack_thread(self, writer: PartitionWriter, last_acked: int) -> None:
@@ -389,7 +389,7 @@ class PartitionWriter:
             self.fail(error, len(pending))
             return
         # Its records are the actor's: this gateway's groups may take them now.
-        self._engine.published(self.topic, self.address, first, pending)
+        self._engine.published([(self.topic, self.address, first, pending)])
 
     def fail(self, error: Exception, lost: int) -> None:
         """The actor is gone: `lost` records handed to it never go out (loop thread)."""
@@ -533,37 +533,35 @@ class ProducerHandle(Producer):
         # and submit() per writer was a tenth of the loop's time.
         if self._closed or self._engine.stopped:
             return False
+        writer_this_pass = self._engine.writer_this_pass
         try:
-            by_writer = self._by_writer(runs)
+            writers = [writer_this_pass(topic, key) for topic, key, _ in runs]
         except ProduceError:  # refused at once: produce_runs says where
             return False
-        if by_writer is None:
-            return False
-        total = sum(map(len, by_writer.values()))
+        for writer in writers:
+            if writer.failed is not None or writer.internal:
+                return False  # may refuse values for another reason than room
+        total = sum([len(values) for _, _, values in runs])
         handover = self._engine.handover
         if handover.unacked + total > self._engine.settings.queue_max_messages:
             return False
-        note = self._note
-        for writer, values in by_writer.items():
-            start = writer.submitted
-            note(writer, start, writer.queue(values))
+        note = self._note_range
+        if len(set(writers)) == len(writers):
+            # A writer a run (the gateway's runs are a topic each): queued as they come,
+            # with no table of the writers' values (a lookup, a list and a copy less a run).
+            for writer, (_, key, values) in zip(writers, runs, strict=True):
+                start = writer.submitted
+                note(writer, start, writer.queue(_wrapped(key, values)))
+        else:
+            by_writer: dict[PartitionWriter, list[bytes]] = {}
+            for writer, (_, key, values) in zip(writers, runs, strict=True):
+                by_writer.setdefault(writer, []).extend(_wrapped(key, values))
+            for writer, values in by_writer.items():
+                start = writer.submitted
+                note(writer, start, writer.queue(values))
         handover.unacked += total
+        handover.produced += total
         return True
-
-    def _by_writer(self, runs: Sequence[Run]) -> dict[PartitionWriter, list[bytes]] | None:
-        """The runs' values (wrapped) by writer, in order; None if a writer is one that
-        may refuse values for another reason than room (failed, or the gateway's own)."""
-        writer_this_pass = self._engine.writer_this_pass
-        by_writer: dict[PartitionWriter, list[bytes]] = {}
-        for topic, key, values in runs:
-            writer = writer_this_pass(topic, key)
-            held = by_writer.get(writer)
-            if held is None:
-                if writer.failed is not None or writer.internal:
-                    return None
-                by_writer[writer] = held = []
-            held.extend(_wrapped(key, values))
-        return by_writer
 
     def _submit(self, topic: str, key: bytes | None, values: Sequence[bytes]) -> int:
         """`values`, already wrapped where they must be, to `topic`'s writer for `key`."""
@@ -583,7 +581,14 @@ class ProducerHandle(Producer):
         return len(values)
 
     def _note(self, writer: PartitionWriter, start: int, end: int) -> None:
-        """This session's records at positions [start, end) of `writer`."""
+        """This session's records at positions [start, end) of `writer`, counted as
+        produced."""
+        self._note_range(writer, start, end)
+        self._engine.handover.produced += end - start
+
+    def _note_range(self, writer: PartitionWriter, start: int, end: int) -> None:
+        """This session's records at positions [start, end) of `writer`; the caller
+        counts them as produced."""
         ranges = self._ranges.get(writer)
         # Tuples, not lists: the garbage collector stops tracking a tuple of ints, and a
         # session can hold one per record in flight (a list each: 0.1-0.2 s pauses of the
@@ -597,7 +602,6 @@ class ProducerHandle(Producer):
             self._kept += 1
             if self._kept >= self._forget_at:
                 self._forget_all()
-        self._engine.handover.produced += end - start
 
     def _forget_all(self) -> None:
         """Drop what is durable, on every writer. Sessions that interleave on a writer add

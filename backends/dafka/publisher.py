@@ -107,7 +107,7 @@ class Partition:
         self.topic = topic
         self.address = check_address(address)
         self.first_sequence = first_sequence
-        self._owner = owner
+        self.owner = owner  # the publisher this partition is one of
         self._on_ack = on_ack
         self._on_conflict = on_conflict
         # Shared with the actor under the owner's lock.
@@ -125,11 +125,6 @@ class Partition:
 
     # -- user side ----------------------------------------------------------------------
 
-    @property
-    def owner(self) -> Publisher:
-        """The publisher this partition is one of."""
-        return self._owner
-
     def publish(self, content: bytes | bytearray | memoryview) -> int:
         """Queue one record; never blocks on the network. Returns its sequence."""
         if type(content) is not bytes:
@@ -141,7 +136,7 @@ class Partition:
     def publish_many(self, contents: Sequence[bytes]) -> int:
         """Queue `contents` in order with one hand-over to the actor (one lock, at most
         one wake-up); returns the first one's sequence."""
-        owner = self._owner
+        owner = self.owner
         with owner._lock:
             owner._check_open()
             first = self._queue_under_lock(contents)
@@ -155,7 +150,7 @@ class Partition:
         self._submitted += len(contents)
         if not self._flagged:
             self._flagged = True
-            self._owner._flagged.append(self)
+            self.owner._flagged.append(self)
         return first
 
     def sent_count(self) -> int:
@@ -317,7 +312,7 @@ class Publisher(Actor):
             self._check_open()
             batch = list(batch)
             for partition, _ in batch:
-                if partition._owner is not self:
+                if partition.owner is not self:
                     raise ValueError(f"partition {partition.address} is not this publisher's")
             firsts = [partition._queue_under_lock(contents) for partition, contents in batch]
             self._wake_once()
