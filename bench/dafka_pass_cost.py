@@ -69,7 +69,7 @@ async def shape(engine: DafkaEngine, prefix: str, count: int, records: int) -> l
     handed: list[float] = []
 
     def timed_end_of_pass() -> None:
-        full = len(handover._writers) >= len(topics) - 1  # a pass of the pipeline's
+        full = len(handover._writers) >= max(1, len(topics) - 1)  # a pass of the pipeline's
         started = time.perf_counter()
         end_of_pass()
         if full:
