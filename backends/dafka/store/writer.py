@@ -41,7 +41,7 @@ from backends.dafka.fetch_filter import FetchFilter
 from backends.dafka.held_recv import ReceiveMany, batch_receiver
 from backends.dafka.held_send import direct_sender
 from backends.dafka.node import SocketFactory
-from backends.dafka.storage import PartitionState, Storage, partition_prefix
+from backends.dafka.storage import PartitionState, Storage, partition_keys, partition_prefix
 from backends.dafka.store.actor import StoreActor, StoreParts
 from backends.dafka.store.retention import wall_ms
 
@@ -66,6 +66,7 @@ class _Partition:
         "fetch_prefix",
         "gap",
         "head",
+        "head_keys",
         "key_prefix",
         "partition",
         "partition_b",
@@ -90,6 +91,7 @@ class _Partition:
         self.retry_since = 0  # … and when (now_ms clock)
         self.saved: tuple[int, int] | None = None  # (head, total) before this batch
         self.key_prefix = partition_prefix(b"M", self.subject_b, self.partition_b)
+        self.head_keys = partition_keys(self.subject_b, self.partition_b)
         self.catalog = subject == TOPICS_TOPIC  # its records are applied when stored
         # Frames minus their trailing numbers, built once with the codec.
         ack = proto.Message(proto.ACK, self.partition_b, subject=subject)
@@ -383,10 +385,9 @@ class Writer(StoreActor):
     def _commit(self, batch: WriteBatch, touched: dict[_Partition, None]) -> None:
         written = wall_ms()
         storage = self.storage
+        stage = storage.stage_head
         for part in touched:
-            storage.stage_partition(
-                batch, part.subject_b, part.partition_b, part.head, part.total, written
-            )
+            stage(batch, part.head_keys, part.head, part.total, written)
         try:
             storage.commit(batch)
         except Exception:
