@@ -21,7 +21,7 @@ import asyncio
 import collections
 import contextlib
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 import structlog
@@ -545,20 +545,22 @@ class ProducerHandle(Producer):
         handover = self._engine.handover
         if handover.unacked + total > self._engine.settings.queue_max_messages:
             return False
-        note = self._note_range
-        if len(set(writers)) == len(writers):
-            # A writer a run (the gateway's runs are a topic each): queued as they come,
-            # with no table of the writers' values (a lookup, a list and a copy less a run).
-            for writer, (_, key, values) in zip(writers, runs, strict=True):
-                start = writer.submitted
-                note(writer, start, writer.queue(_wrapped(key, values)))
-        else:
+        # Wrapped before any is queued: all or none.
+        wrapped = [_wrapped(key, values) for _, key, values in runs]
+        queued: Iterable[tuple[PartitionWriter, Sequence[bytes]]]
+        queued = zip(writers, wrapped, strict=True)
+        if len(set(writers)) < len(writers):
+            # Runs that share a writer (produce_runs may pass them), in one queue each. The
+            # gateway's runs are a topic each: no table of their values (at 1,000 topics a
+            # lookup, a list and a copy a run).
             by_writer: dict[PartitionWriter, list[bytes]] = {}
-            for writer, (_, key, values) in zip(writers, runs, strict=True):
-                by_writer.setdefault(writer, []).extend(_wrapped(key, values))
-            for writer, values in by_writer.items():
-                start = writer.submitted
-                note(writer, start, writer.queue(values))
+            for writer, values in queued:
+                by_writer.setdefault(writer, []).extend(values)
+            queued = by_writer.items()
+        note = self._note_range
+        for writer, values in queued:
+            start = writer.submitted
+            note(writer, start, writer.queue(values))
         handover.unacked += total
         handover.produced += total
         return True
