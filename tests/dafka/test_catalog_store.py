@@ -9,7 +9,7 @@ import pytest
 
 from backends.dafka.catalog import TOPICS_TOPIC, Catalog, TopicEntry, created, deleted
 from backends.dafka.config import Config
-from backends.dafka.storage import Retention, Storage
+from backends.dafka.storage import Retention, Storage, partition_keys
 from backends.dafka.store.retention import RetentionPolicy
 from backends.dafka.test_peer import TestPeer
 from backends.dafka.tower import Tower
@@ -116,7 +116,7 @@ def test_storage_delete_topic_and_retention_after_it(tmp_path: Path) -> None:
         batch = storage.new_batch()
         for seq in range(4):
             batch.put(b"Mt\0p\0" + seq.to_bytes(8, "big"), b"0123456789")
-        storage.stage_partition(batch, b"t", b"p", 3, 40, 1000)
+        storage.stage_partition(batch, partition_keys(b"t", b"p"), 3, 40, 1000)
         storage.commit(batch)
         assert storage.delete_topic(b"t", 2000) == 1
         assert list(storage.records(b"t", b"p")) == []
@@ -125,7 +125,7 @@ def test_storage_delete_topic_and_retention_after_it(tmp_path: Path) -> None:
         batch = storage.new_batch()
         for seq in range(4, 7):
             batch.put(b"Mt\0p\0" + seq.to_bytes(8, "big"), b"0123456789")
-        storage.stage_partition(batch, b"t", b"p", 6, 70, 3000)
+        storage.stage_partition(batch, partition_keys(b"t", b"p"), 6, 70, 3000)
         storage.commit(batch)
         assert storage.trim(b"t", b"p", 6, Retention(bytes=20), 4000) == 1
         assert storage.tail(b"t", b"p") == 5

@@ -11,7 +11,7 @@ from backends.dafka import proto
 from backends.dafka.config import Config
 from backends.dafka.observer import GIVE_UP, RETRY, NotSettled, Observer
 from backends.dafka.producer import Producer
-from backends.dafka.storage import Storage
+from backends.dafka.storage import Storage, partition_keys
 from backends.dafka.store import Store
 from backends.dafka.test_peer import TestPeer
 from backends.dafka.tower import Tower
@@ -94,7 +94,8 @@ def test_every_observer_gets_every_head_of_a_large_store(
     with Storage(store_config.get("store/db"), sync=False) as storage:
         batch = storage.new_batch()
         for number in range(partitions):
-            storage.stage_partition(batch, f"t{number}".encode(), b"P%d" % number, 3, 1, 1)
+            keys = partition_keys(f"t{number}".encode(), b"P%d" % number)
+            storage.stage_partition(batch, keys, 3, 1, 1)
         storage.commit(batch)
     ctx: zmq.Context = zmq.Context.instance()
     with Store(store_config, ctx):

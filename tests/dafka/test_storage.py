@@ -16,6 +16,7 @@ from backends.dafka.storage import (
     decode_msg_key,
     head_key,
     msg_key,
+    partition_keys,
 )
 
 P1 = b"0123456789ABCDEF0123456789ABCDEF"
@@ -43,7 +44,8 @@ def append(
     for offset, content in enumerate(contents):
         batch.put(msg_key(subject, partition, first + offset), content)
         total += len(content)
-    storage.stage_partition(batch, subject, partition, first + len(contents) - 1, total, written_ms)
+    keys = partition_keys(subject, partition)
+    storage.stage_partition(batch, keys, first + len(contents) - 1, total, written_ms)
     storage.commit(batch)
 
 

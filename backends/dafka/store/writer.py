@@ -385,7 +385,7 @@ class Writer(StoreActor):
     def _commit(self, batch: WriteBatch, touched: dict[_Partition, None]) -> None:
         written = wall_ms()
         storage = self.storage
-        stage = storage.stage_head
+        stage = storage.stage_partition
         for part in touched:
             stage(batch, part.head_keys, part.head, part.total, written)
         try:
