@@ -35,10 +35,11 @@ from backends.dafka.engine import DafkaEngine
 from backends.registry import engine_entry
 from gateway.config import from_dict
 from gateway.loops import loop_factory
+from tests.support.consuming import consume
 
 PIPELINE = 1000  # records a pass (bench/growth.py's pipeline)
 VALUE = b"x" * 100
-WAIT = 30.0  # seconds for the warm-up records and for room in the queue
+WAIT = 30.0  # seconds for the warm-up records to be stored and for room in the queue
 
 
 def pipeline_runs(topics: list[str]) -> list[Run]:
@@ -60,9 +61,7 @@ async def shape(engine: DafkaEngine, prefix: str, count: int, records: int) -> l
         raise RuntimeError("warm-up records not durable")
     await warm.close(1)
     consumer = await engine.consumer(f"{prefix}-group", "c", topics, {})
-    for _ in topics:
-        if consumer.next_ready() is None and await consumer.next(WAIT) is None:
-            raise RuntimeError("a warm-up record did not come back")
+    await consume(consumer, len(topics))  # the warm-up records: every partition started
 
     handover = engine.handover
     end_of_pass: Callable[[], None] = handover._end_of_pass
