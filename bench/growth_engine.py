@@ -11,7 +11,8 @@ loop), and the steps are the gateway's:
    and reads its warm-up records (set-up, not timed);
 2. produce: --records records of 100 bytes, round-robin over the topics, one produce()
    each (what the gateway does for each RPUSHX), a pass of the event loop every 1,000
-   (the gateway's pipeline), then flush (DUMP's wait);
+   (the gateway's pipeline), then flush (DUMP's wait); a record refused with the queue
+   full waits for room, as RPUSHX does;
 3. consume: every group reads --deliveries / groups of them (all at most), the groups at
    once, one record per call as BLPOP takes it (next_ready(), else next());
 4. RSS (VmRSS of this process; the tower and stores are processes of their own and not
@@ -34,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from backends.base import Consumer, Engine, Stats
+from backends.base import Consumer, Engine, Producer, QueueFullError, Stats
 from backends.registry import engine_entry
 from gateway.config import from_dict
 from gateway.loops import loop_factory
@@ -51,6 +52,21 @@ async def read(consumer: Consumer, count: int) -> None:
     for got in range(count):
         if consumer.next_ready() is None and await consumer.next(WAIT) is None:
             raise RuntimeError(f"a consumer waited {WAIT:g} s for nothing after {got}")
+
+
+async def room(producer: Producer, topic: str) -> None:
+    """Produce one record refused with the queue full (more records than
+    `dafka.queue_max_messages` on their way to the stores), once there is room: as the
+    gateway's RPUSHX waits (`produce_block_timeout`); raises after WAIT s without room."""
+    deadline = time.monotonic() + WAIT
+    while True:
+        await producer.wait_for_room(deadline - time.monotonic())
+        try:
+            producer.produce(topic, None, VALUE)
+            return
+        except QueueFullError:
+            if time.monotonic() >= deadline:
+                raise
 
 
 async def shape(
@@ -74,7 +90,10 @@ async def shape(
     start = time.perf_counter()
     for first in range(0, records, PIPELINE):
         for i in range(first, min(first + PIPELINE, records)):
-            produce(topics[i % count], None, VALUE)
+            try:
+                produce(topics[i % count], None, VALUE)
+            except QueueFullError:
+                await room(producer, topics[i % count])
         await asyncio.sleep(0)  # the pass ends: the gateway would read the next pipeline
     left = await producer.flush(120)
     produced = records / (time.perf_counter() - start)
