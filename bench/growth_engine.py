@@ -54,7 +54,7 @@ async def read(consumer: Consumer, count: int) -> None:
             raise RuntimeError(f"a consumer waited {WAIT:g} s for nothing after {got}")
 
 
-async def room(producer: Producer, topic: str) -> None:
+async def produce_when_room(producer: Producer, topic: str) -> None:
     """Produce one record refused with the queue full (more records than
     `dafka.queue_max_messages` on their way to the stores), once there is room: as the
     gateway's RPUSHX waits (`produce_block_timeout`); raises after WAIT s without room."""
@@ -93,7 +93,7 @@ async def shape(
             try:
                 produce(topics[i % count], None, VALUE)
             except QueueFullError:
-                await room(producer, topics[i % count])
+                await produce_when_room(producer, topics[i % count])
         await asyncio.sleep(0)  # the pass ends: the gateway would read the next pipeline
     left = await producer.flush(120)
     produced = records / (time.perf_counter() - start)
