@@ -25,6 +25,12 @@ from backends.dafka.config import Config
 log = structlog.get_logger(__name__)
 
 REAP_INTERVAL_MS = 1000  # fixed in C
+# After the announcement at start, the next comes this long after, each next one twice as
+# long after the one before, up to beacon/interval. The PUB drops what it sends before the
+# tower's subscription has reached it, which may be just after the welcome: the first
+# announcement was often lost, and the other nodes heard of a new one (a fresh gateway's
+# writers, whose first records the stores then missed) a beacon/interval later (1 s).
+FIRST_ANNOUNCE_GAP_MS = 50
 CONNECT = "CONNECT"
 DISCONNECT = "DISCONNECT"
 
@@ -152,6 +158,7 @@ class Beacon:
         self.peers: dict[str, int] = {}  # endpoint -> expiry (now_ms clock)
         self.senders: dict[str, str] = {}  # sender uuid -> its last announced endpoint
         self._next_announce: int | None = None
+        self._announce_gap = self._interval  # ms from one announcement to the next
         self._next_reap = now_ms() + REAP_INTERVAL_MS
         self._pending: list[Event] = []  # events read by wait_ready, handed out by tick
 
@@ -173,10 +180,12 @@ class Beacon:
             self._pending.extend(self._drain(stop_at_welcome=True))
 
     def start(self, port: int) -> None:
-        """Announce `port` now and every beacon/interval ms."""
+        """Announce `port` now, again soon after (FIRST_ANNOUNCE_GAP_MS), and then every
+        beacon/interval ms."""
         self.port = port
         self._announce()
-        self._next_announce = now_ms() + self._interval
+        self._announce_gap = min(FIRST_ANNOUNCE_GAP_MS, self._interval)
+        self._next_announce = now_ms() + self._announce_gap
 
     def stop(self) -> None:
         self.port = -1
@@ -193,7 +202,8 @@ class Beacon:
         events, self._pending = self._pending, []
         if self._next_announce is not None and now >= self._next_announce:
             self._announce()
-            self._next_announce = now + self._interval
+            self._announce_gap = min(2 * self._announce_gap, self._interval)
+            self._next_announce = now + self._announce_gap
         if now >= self._next_reap:
             self._next_reap = now + REAP_INTERVAL_MS
             for endpoint, expiry in list(self.peers.items()):

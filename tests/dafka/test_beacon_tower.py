@@ -136,6 +136,35 @@ def test_scenario_18_beacon_connect_disconnect_and_tower_substitution(
     assert endpoint == f"tcp://{own_ip()}:1000"  # inproc peer: the tower's own interface
 
 
+def test_a_started_beacon_announces_again_soon_not_a_beacon_interval_later(
+    dafka_config: Config, tower: Tower, driver: Driver
+) -> None:
+    """The announcement at start may leave before the tower's subscription has reached the
+    beacon's PUB, and be lost; the next ones follow 50, 100, 200 ... ms apart, not one
+    beacon/interval (here 30 s) later: a new node is heard more than once in its first
+    second, so the other nodes connect to it at once."""
+    config = with_values(dafka_config, beacon__interval=30_000)
+    listener: zmq.Socket = zmq.Context.instance().socket(zmq.SUB)
+    try:
+        listener.connect(config.get("tower/pub_address"))
+        listener.setsockopt(zmq.SUBSCRIBE, b"B")
+        beacon = driver.add(config, "new node")
+        beacon.start(1000)
+        heard: list[bytes] = []
+
+        def heard_twice() -> bool:
+            while listener.poll(0):
+                frames = listener.recv_multipart()
+                if frames[1] == b"new node":
+                    heard.append(frames[2])
+            return len(heard) >= 2
+
+        driver.run_until(heard_twice, 1.0, "two announcements of a new beacon")
+        assert set(heard) == {f"tcp://{config.get('beacon/address')}:1000".encode()}
+    finally:
+        listener.close(linger=0)
+
+
 def test_own_ip_is_an_interface_address() -> None:
     address = own_ip()
     assert re.fullmatch(r"\d+\.\d+\.\d+\.\d+", address)
