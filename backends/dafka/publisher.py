@@ -63,6 +63,13 @@ _BATCH = 100_000
 # held for any number, redis-benchmark -P 16 cost the gateway 0.3-0.5 µs more CPU per
 # record: pyzmq's call is the cheaper one there (0.37 against 0.53 µs a frame).
 _HOLD_GIL_UP_TO = 256
+# The first HEAD goes this long after the actor's first record, each next one twice as
+# long after the one before, up to producer/head_interval. A PUB drops what it sends
+# before a subscriber has connected, and the stores connect to a new actor when its
+# beacon reaches them, often a few ms after a fresh gateway's first RPUSHX: those records
+# reach them only through a HEAD (they then FETCH). With the first HEAD a head_interval
+# (1 s) after, a fresh gateway's first DUMP took 1 s; now it takes about 60 ms.
+_FIRST_HEAD_MS = 50
 _PACK_SEQ = struct.Struct(">Q").pack
 # How long the PUB may keep the last HEADs after close: long enough to reach the wire,
 # short enough not to hold up a context termination.
@@ -409,6 +416,7 @@ class Publisher(Actor):
         held: dict[Partition, None] = {}  # ready but within their subscribe_settle
         published: dict[Partition, None] = {}  # sent anything: they HEAD
         next_head = math.inf  # ms; the HEAD timer starts with the first record
+        head_gap = min(_FIRST_HEAD_MS, self._head_interval)  # ms, to the next HEAD
         hold_deadline = math.inf  # ms: the earliest hold_until in `held`
         terminating = False
 
@@ -489,7 +497,7 @@ class Publisher(Actor):
                     if sent and partition not in published:
                         published[partition] = None
                         if next_head == math.inf:
-                            next_head = now_ms() + self._head_interval
+                            next_head = now_ms() + head_gap
                     budget -= sent
                     if budget <= 0:
                         break  # the rest (and this one, if not empty) on the next pass
@@ -499,7 +507,8 @@ class Publisher(Actor):
             if now >= next_head:
                 for partition in published:
                     partition._head(pub)
-                next_head = now + self._head_interval
+                head_gap = min(2 * head_gap, self._head_interval)
+                next_head = now + head_gap
             apply_events(beacon.tick(now), sub)
 
             if terminating and not ready and not held:

@@ -75,8 +75,8 @@ def wait_acked(partitions: list[Partition], timeout: float, what: str) -> None:
         raise AssertionError(f"{late} ({left} records still unacknowledged)") from None
 
 
-def wait_sent(partitions: list[Partition]) -> None:
-    wait_until(lambda: all(p.sent_count() == RECORDS for p in partitions), 5, "every record sent")
+def wait_sent(partitions: list[Partition], count: int = RECORDS) -> None:
+    wait_until(lambda: all(p.sent_count() == count for p in partitions), 5, "every record sent")
 
 
 def stored(store: Store, partition: Partition) -> list[bytes]:
@@ -119,6 +119,27 @@ def test_a_store_that_starts_later_catches_up_on_every_partition(
         wait_acked(partitions, 15, "a late store catching up")
         for partition in partitions:
             assert stored(store, partition) == contents(partition), partition.address
+
+
+def test_a_store_that_connects_after_the_first_records_has_them_long_before_a_head_interval(
+    dafka_config: Config, store_config: Config, tower: Tower
+) -> None:
+    """A fresh gateway's first RPUSHX goes out before the store has connected to the new
+    actor (its PUB drops it) and reaches the store through a HEAD. The first HEADs come
+    50 ms after the first record, then 100, 200, ... ms later: not one head_interval
+    after (here 30 s, in which a DUMP would wait that long)."""
+    dafka_config.set("producer/head_interval", 30_000)
+    publisher = Publisher(dafka_config, zmq.Context.instance())
+    try:
+        partition = publisher.open("first", address=address())
+        partition.publish(b"first")
+        wait_sent([partition], count=1)
+        assert partition.unacked_count() == 1  # no store yet
+        with Store(store_config, zmq.Context.instance()) as store:
+            wait_acked([partition], 10, "the first record's ACK, well within head_interval")
+            assert stored(store, partition) == [b"first"]
+    finally:
+        publisher.close(timeout=0)
 
 
 def test_a_consumer_fetches_each_partition_from_the_publisher(
