@@ -26,10 +26,11 @@ log = structlog.get_logger(__name__)
 
 REAP_INTERVAL_MS = 1000  # fixed in C
 # After the announcement at start, the next comes this long after, each next one twice as
-# long after the one before, up to beacon/interval. The PUB drops what it sends before the
-# tower's subscription has reached it, which may be just after the welcome: the first
-# announcement was often lost, and the other nodes heard of a new one (a fresh gateway's
-# writers, whose first records the stores then missed) a beacon/interval later (1 s).
+# long after the one before, until the tower sends one back (every node has it then), or
+# up to beacon/interval. The PUB drops what it sends before the tower's subscription has
+# reached it, which may be just after the welcome: the first announcement was often lost,
+# and the other nodes heard of a new one (a fresh gateway's writers, whose first records
+# the stores then missed) a beacon/interval later (1 s).
 FIRST_ANNOUNCE_GAP_MS = 50
 CONNECT = "CONNECT"
 DISCONNECT = "DISCONNECT"
@@ -180,8 +181,8 @@ class Beacon:
             self._pending.extend(self._drain(stop_at_welcome=True))
 
     def start(self, port: int) -> None:
-        """Announce `port` now, again soon after (FIRST_ANNOUNCE_GAP_MS), and then every
-        beacon/interval ms."""
+        """Announce `port` now, again soon after until the tower relays one back
+        (FIRST_ANNOUNCE_GAP_MS), and then every beacon/interval ms."""
         self.port = port
         self._announce()
         self._announce_gap = min(FIRST_ANNOUNCE_GAP_MS, self._interval)
@@ -261,6 +262,10 @@ class Beacon:
 
     def _on_beacon(self, sender_bytes: bytes, endpoint_bytes: bytes) -> Event | None:
         if sender_bytes == self._sender_bytes:
+            if self._announce_gap < self._interval and self._next_announce is not None:
+                # Our own, back from the tower: heard by every node; no more quick repeats.
+                self._announce_gap = self._interval
+                self._next_announce = now_ms() + self._interval
             return None
         try:
             sender = sender_bytes.decode()
