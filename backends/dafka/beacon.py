@@ -21,16 +21,17 @@ import zmq
 
 from backends.dafka import proto, security
 from backends.dafka.config import Config
+from backends.dafka.doubling import DoublingGap
 
 log = structlog.get_logger(__name__)
 
 REAP_INTERVAL_MS = 1000  # fixed in C
 # After the announcement at start, the next comes this long after, each next one twice as
-# long after the one before, until the tower sends one back (every node has it then), or
-# up to beacon/interval. The PUB drops what it sends before the tower's subscription has
-# reached it, which may be just after the welcome: the first announcement was often lost,
-# and the other nodes heard of a new one (a fresh gateway's writers, whose first records
-# the stores then missed) a beacon/interval later (1 s).
+# long after the one before (`DoublingGap`), until the tower sends one back (every node has
+# it then), or up to beacon/interval. The PUB drops what it sends before the tower's
+# subscription has reached it, which may be just after the welcome: the first announcement
+# was often lost, and the other nodes heard of a new one (a fresh gateway's writers, whose
+# first records the stores then missed) a beacon/interval later (1 s).
 FIRST_ANNOUNCE_GAP_MS = 50
 CONNECT = "CONNECT"
 DISCONNECT = "DISCONNECT"
@@ -159,7 +160,7 @@ class Beacon:
         self.peers: dict[str, int] = {}  # endpoint -> expiry (now_ms clock)
         self.senders: dict[str, str] = {}  # sender uuid -> its last announced endpoint
         self._next_announce: int | None = None
-        self._announce_gap = self._interval  # ms from one announcement to the next
+        self._announce_gaps = DoublingGap(self._interval, self._interval)
         self._next_reap = now_ms() + REAP_INTERVAL_MS
         self._pending: list[Event] = []  # events read by wait_ready, handed out by tick
 
@@ -185,8 +186,8 @@ class Beacon:
         (FIRST_ANNOUNCE_GAP_MS), and then every beacon/interval ms."""
         self.port = port
         self._announce()
-        self._announce_gap = min(FIRST_ANNOUNCE_GAP_MS, self._interval)
-        self._next_announce = now_ms() + self._announce_gap
+        self._announce_gaps = DoublingGap(FIRST_ANNOUNCE_GAP_MS, self._interval)
+        self._next_announce = now_ms() + self._announce_gaps.gap
 
     def stop(self) -> None:
         self.port = -1
@@ -203,8 +204,7 @@ class Beacon:
         events, self._pending = self._pending, []
         if self._next_announce is not None and now >= self._next_announce:
             self._announce()
-            self._announce_gap = min(2 * self._announce_gap, self._interval)
-            self._next_announce = now + self._announce_gap
+            self._next_announce = now + self._announce_gaps.double()
         if now >= self._next_reap:
             self._next_reap = now + REAP_INTERVAL_MS
             for endpoint, expiry in list(self.peers.items()):
@@ -262,9 +262,9 @@ class Beacon:
 
     def _on_beacon(self, sender_bytes: bytes, endpoint_bytes: bytes) -> Event | None:
         if sender_bytes == self._sender_bytes:
-            if self._announce_gap < self._interval and self._next_announce is not None:
+            if self._announce_gaps.quick and self._next_announce is not None:
                 # Our own, back from the tower: heard by every node; no more quick repeats.
-                self._announce_gap = self._interval
+                self._announce_gaps.settle()
                 self._next_announce = now_ms() + self._interval
             return None
         try:

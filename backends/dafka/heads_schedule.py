@@ -10,6 +10,8 @@ one GET_HEADS per topic and interval to each store, one DIRECT_HEAD back per par
 
 from __future__ import annotations
 
+from backends.dafka.doubling import DoublingGap
+
 FIRST_RETRY_MS = 100
 NEVER = 2**62
 
@@ -18,14 +20,14 @@ class HeadsSchedule:
     def __init__(self, interval_ms: int) -> None:
         """`interval_ms` 0: never ask again."""
         self.interval = max(0, interval_ms)
-        self._due: dict[str, tuple[int, int]] = {}  # topic -> (due ms, current delay)
+        self._due: dict[str, tuple[int, DoublingGap]] = {}  # topic -> (due ms, its gap)
         self.next_due = NEVER
 
     def add(self, topic: str, now: int) -> None:
         if self.interval > 0:
-            first = min(FIRST_RETRY_MS, self.interval)
-            self._due[topic] = (now + first, first)
-            self.next_due = min(self.next_due, now + first)
+            gaps = DoublingGap(FIRST_RETRY_MS, self.interval)
+            self._due[topic] = (now + gaps.gap, gaps)
+            self.next_due = min(self.next_due, now + gaps.gap)
 
     def remove(self, topic: str) -> None:
         self._due.pop(topic, None)
@@ -36,12 +38,11 @@ class HeadsSchedule:
             return []
         topics: list[str] = []
         next_due = NEVER
-        for topic, (due, delay) in list(self._due.items()):
+        for topic, (due, gaps) in list(self._due.items()):
             if now >= due:
                 topics.append(topic)
-                delay = min(delay * 2, self.interval)
-                due = now + delay
-                self._due[topic] = (due, delay)
+                due = now + gaps.double()
+                self._due[topic] = (due, gaps)
             next_due = min(next_due, due)
         self.next_due = next_due
         return topics

@@ -49,6 +49,7 @@ import zmq
 from backends.dafka import proto
 from backends.dafka.beacon import Beacon, apply_events, bind_data_socket, now_ms
 from backends.dafka.config import Config
+from backends.dafka.doubling import DoublingGap
 from backends.dafka.held_send import SendRecords, records_sender
 from backends.dafka.node import Actor, SocketFactory
 from backends.dafka.unacked import UnackedList
@@ -64,7 +65,7 @@ _BATCH = 100_000
 # record: pyzmq's call is the cheaper one there (0.37 against 0.53 µs a frame).
 _HOLD_GIL_UP_TO = 256
 # The first HEAD goes this long after the actor's first record, each next one twice as
-# long after the one before, up to producer/head_interval. A PUB drops what it sends
+# long after the one before (`DoublingGap`), up to producer/head_interval. A PUB drops what it sends
 # before a subscriber has connected, and the stores connect to a new actor when its
 # beacon reaches them, often a few ms after a fresh gateway's first RPUSHX: those records
 # reach them only through a HEAD (they then FETCH). With the first HEAD a head_interval
@@ -416,7 +417,7 @@ class Publisher(Actor):
         held: dict[Partition, None] = {}  # ready but within their subscribe_settle
         published: dict[Partition, None] = {}  # sent anything: they HEAD
         next_head = math.inf  # ms; the HEAD timer starts with the first record
-        head_gap = min(_FIRST_HEAD_MS, self._head_interval)  # ms, to the next HEAD
+        head_gaps = DoublingGap(_FIRST_HEAD_MS, self._head_interval)
         hold_deadline = math.inf  # ms: the earliest hold_until in `held`
         terminating = False
 
@@ -497,7 +498,7 @@ class Publisher(Actor):
                     if sent and partition not in published:
                         published[partition] = None
                         if next_head == math.inf:
-                            next_head = now_ms() + head_gap
+                            next_head = now_ms() + head_gaps.gap
                     budget -= sent
                     if budget <= 0:
                         break  # the rest (and this one, if not empty) on the next pass
@@ -507,8 +508,7 @@ class Publisher(Actor):
             if now >= next_head:
                 for partition in published:
                     partition._head(pub)
-                head_gap = min(2 * head_gap, self._head_interval)
-                next_head = now + head_gap
+                next_head = now + head_gaps.double()
             apply_events(beacon.tick(now), sub)
 
             if terminating and not ready and not held:
