@@ -227,7 +227,8 @@ def kafka_sections(bootstrap: str, extra: dict[str, dict[str, Any]]) -> dict[str
 
 def dafka_document(args: argparse.Namespace) -> dict[str, Any]:
     """The gateway's configuration on Dafka (the direct engine's too)."""
-    return {"gateway": {"max_clients": 1000}, "dafka": {"partitions": args.partitions}}
+    dafka = {"partitions": args.partitions, **args.dafka_settings}
+    return {"gateway": {"max_clients": 1000}, "dafka": dafka}
 
 
 @contextmanager
@@ -447,6 +448,14 @@ def main() -> int:
         metavar="JSON",
         help="Kafka engine: sections over the tests' Kafka configuration, for the gateway "
         'and the direct client alike, e.g. \'{"consumer": {"queued.min.messages": 1000}}\'',
+    )
+    parser.add_argument(
+        "--dafka-settings",
+        type=json.loads,
+        default={},
+        metavar="JSON",
+        help="Dafka engine: settings of the `dafka` section, for the gateway and the engine "
+        "driven directly alike, e.g. '{\"group_buffer\": 50000}'",
     )
     parser.add_argument(
         "--shapes",
