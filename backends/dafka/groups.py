@@ -416,9 +416,20 @@ class Group:
             part.ready = 0
         # What the reader may still bring: its credit (less what was taken in process).
         share = self._share
-        room = share - len(part.buffer) - part.credit
-        if room < share // 2:
+        held = len(part.buffer) + part.credit
+        # Granted more once it holds half its share or less: the rest covers the member's
+        # takes while the fetch is on its way. The partitions holding records cover them
+        # too (the member takes from each in turn), so with many of those the grant waits
+        # for less to be left, the group's cover (half the largest share) split among
+        # them: over 1,000 partitions, shares of 16 were fetched 8 records at a time, and
+        # each fetch cost the store, the reader and the loop about what one of 250 does.
+        low = share - share // 2
+        ready = member.ready_count()
+        if ready > 1:
+            low = min(low, self._most // 2 // ready)
+        if held > low:
             return
+        room = share - held
         # Within the group's budget: the partitions found first, granted a larger share
         # while few shared the buffer, may still hold it. Past it, a partition with
         # records to take or coming waits (it is taken from again), and one with none
@@ -511,6 +522,10 @@ class Member(Consumer):
     def requeue(self, part: _Partition) -> None:
         """Back of the queue for a partition just served that holds more."""
         self._ready.append((part.ready, part))
+
+    def ready_count(self) -> int:
+        """About how many owned partitions hold records (stale entries included)."""
+        return len(self._ready)
 
     def next_ready_partition(self) -> _Partition | None:
         """The partition at the front of the ready queue that holds records (taken off
