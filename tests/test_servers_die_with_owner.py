@@ -34,7 +34,12 @@ def growth_reference(engine: str, script: str, *others: str) -> str:
         from tests.support.processes import descendants
         from tests.support.waiting import wait_until
         args = argparse.Namespace(
-            records=10**9, deliveries=10**9, bound=3600.0, kafka_document={{}}, partitions=1
+            records=10**9,
+            deliveries=10**9,
+            bound=3600.0,
+            kafka_document={{}},
+            dafka_settings={{}},
+            partitions=1,
         )
         threading.Thread(target=growth.direct, args=({engine!r}, 1, 1, args), daemon=True).start()
         def all_running():
