@@ -14,7 +14,8 @@ one member at a time:
   group's `dafka.group_buffer` split equally among the most partitions it has read, at
   least MIN_SHARE and at most gateway.consume_batch (credit granted under a larger share
   is taken back as partitions are found, and a take grants more only within the buffer,
-  all partitions together, or MIN_SHARE to a partition with nothing on its way).
+  all partitions together, or MIN_SHARE to a partition with nothing on its way). A take
+  grants more once half the share is left, or less while many partitions hold records.
   Unbounded by the partition count, a group reading 1,000 partitions held up to 500
   records of each.
 - A partition starts at the group's committed offset; without one, at `auto.offset.reset`:
@@ -416,20 +417,21 @@ class Group:
             part.ready = 0
         # What the reader may still bring: its credit (less what was taken in process).
         share = self._share
-        held = len(part.buffer) + part.credit
+        in_hand = len(part.buffer) + part.credit
         # Granted more once it holds half its share or less: the rest covers the member's
-        # takes while the fetch is on its way. The partitions holding records cover them
-        # too (the member takes from each in turn), so with many of those the grant waits
-        # for less to be left, the group's cover (half the largest share) split among
-        # them: over 1,000 partitions, shares of 16 were fetched 8 records at a time, and
-        # each fetch cost the store, the reader and the loop about what one of 250 does.
+        # takes while the fetch is on its way. The other partitions holding records cover
+        # them too (the member takes from each in turn), so with many of those the grant
+        # waits for less to be left, the group's cover (half the largest share) split
+        # among them: over 1,000 partitions, shares of 16 were fetched 8 records at a
+        # time, and a fetch of 8 cost the store, the reader and the loop nearly what a
+        # fetch of hundreds does.
         low = share - share // 2
         ready = member.ready_count()
         if ready > 1:
             low = min(low, self._most // 2 // ready)
-        if held > low:
+        if in_hand > low:
             return
-        room = share - held
+        room = share - in_hand
         # Within the group's budget: the partitions found first, granted a larger share
         # while few shared the buffer, may still hold it. Past it, a partition with
         # records to take or coming waits (it is taken from again), and one with none
