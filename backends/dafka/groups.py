@@ -425,11 +425,10 @@ class Group:
         # among them: over 1,000 partitions, shares of 16 were fetched 8 records at a
         # time, and a fetch of 8 cost the store, the reader and the loop nearly what a
         # fetch of hundreds does.
-        low = share - share // 2
-        ready = member.ready_count()
-        if ready > 1:
-            low = min(low, self._most // 2 // ready)
-        if in_hand > low:
+        if in_hand > share - share // 2:
+            return
+        ready = member.ready_count()  # only then: most takes stop above
+        if ready > 1 and in_hand > self._most // 2 // ready:
             return
         room = share - in_hand
         # Within the group's budget: the partitions found first, granted a larger share
