@@ -16,7 +16,11 @@ fresh broker) is started and:
    and open files, and the CPU seconds its child processes (Dafka: the embedded tower and
    stores) used, and its own CPU (all its threads) per record produced and per record
    consumed: on a shared machine the rates move with everyone else's load, the CPU a
-   record costs much less.
+   record costs much less;
+5. batch consume: as many records again are produced (not timed), and every group reads
+   them with BLMPOP COUNT --window, BATCHES_IN_FLIGHT calls in flight: records delivered
+   per second, all groups together. A BLPOP carries the group's whole topic list (12 KB
+   over 1,000 topics) for one record; a BLMPOP carries it for up to COUNT.
 Each shape is then run again without the gateway, by a process of its own: on Kafka a
 direct confluent-kafka client configured as the gateway's engine (bench/growth_direct.py,
 on a fresh broker); on Dafka the engine's Python interface driven directly, as the
@@ -67,6 +71,9 @@ VALUE = b"x" * 100
 OPEN_FILES = 100_000
 PIPELINE = 1000  # RPUSHX per pipeline
 WAIT = 30  # BLPOP timeout (s): a group that waits this long for a record has a problem
+# BLMPOP calls a group keeps in flight: one would leave the gateway idle for each round
+# trip, as one BLPOP at a time does.
+BATCHES_IN_FLIGHT = 4
 SHAPES = ((1, 1), (100, 1), (1000, 1), (1, 10), (1, 100))  # (topics, groups)
 
 
@@ -121,6 +128,8 @@ class Figures:
     # what the rates cost, which other people's load on a shared machine moves much less.
     produce_cpu: float = 0.0
     consume_cpu: float = 0.0
+    # Records delivered/s with BLMPOP, all groups (the gateway's only: 0 for the references).
+    batch_consume: float = 0.0
 
 
 def topic_names(count: int) -> list[str]:
@@ -158,6 +167,24 @@ async def consume(client: Client, key: bytes, count: int, window: int) -> None:
             got += 1
 
 
+async def consume_batches(client: Client, key: bytes, count: int, per_call: int) -> None:
+    """`count` records with BLMPOP COUNT `per_call`, BATCHES_IN_FLIGHT calls in flight,
+    never asking for more than are left (a call for records that never come would wait
+    WAIT seconds); raises if one waits in vain."""
+    got = 0
+    while got < count:
+        left = count - got
+        asks: list[int] = []
+        while left > 0 and len(asks) < BATCHES_IN_FLIGHT:
+            asks.append(min(per_call, left))
+            left -= asks[-1]
+        calls = b"".join(command(b"BLMPOP", WAIT, 1, key, b"LEFT", b"COUNT", ask) for ask in asks)
+        for reply in await client.replies(calls, len(asks)):
+            if reply is None:
+                raise RuntimeError(f"a BLMPOP waited {WAIT} s for nothing after {got} records")
+            got += len(reply[1])
+
+
 async def shape(
     port: int, pid: int, topics: int, groups: int, records: int, deliveries: int, window: int
 ) -> Figures:
@@ -186,6 +213,10 @@ async def shape(
     consume_cpu = (process_cpu(pid) - cpu) * 1e6 / (each * groups)
     rss = float(rss_bytes(pid))
     threads, files = threads_and_files(pid)
+    await produce(port, names, each)
+    start = time.perf_counter()
+    await asyncio.gather(*(consume_batches(c, key, each, window) for c in consumers))
+    batch_consumed = each * groups / (time.perf_counter() - start)
     for client in consumers:
         await client.close()
     return Figures(
@@ -198,6 +229,7 @@ async def shape(
         children_cpu(pid),
         produce_cpu,
         consume_cpu,
+        batch_consumed,
     )
 
 
@@ -344,6 +376,12 @@ def print_row(label: str, figures: Figures, reference: Figures | None) -> None:
 
     produce = ratio(figures.produce, reference.produce if reference else None)
     consume = ratio(figures.consume, reference.consume if reference else None)
+    batch = (
+        f"{figures.batch_consume:>9,.0f}/s "
+        f"{ratio(figures.batch_consume, reference.batch_consume if reference else None)}"
+        if figures.batch_consume
+        else f"{'':>11} {'':>5}"
+    )
     rss = ratio(figures.rss, reference.rss if reference else None)
     ref_produce_cpu = 1 / reference.produce_cpu if reference and reference.produce_cpu else None
     ref_consume_cpu = 1 / reference.consume_cpu if reference and reference.consume_cpu else None
@@ -363,7 +401,7 @@ def print_row(label: str, figures: Figures, reference: Figures | None) -> None:
     )
     print(
         f"  {label:<20} {figures.produce:>9,.0f}/s {produce}   "
-        f"{figures.consume:>9,.0f}/s {consume}   "
+        f"{figures.consume:>9,.0f}/s {consume}   {batch}   "
         f"{figures.rss / 2**20:>7,.1f} MiB {rss}   {figures.setup:6.1f} s{process}",
         flush=True,
     )
@@ -409,6 +447,7 @@ def print_versus(gateway: Figures, reference: Figures) -> None:
     print(
         f"    {'gateway / direct':<18} {'':>11} {gateway.produce / reference.produce:5.2f}   "
         f"{'':>11} {gateway.consume / reference.consume:5.2f}   "
+        f"{'':>11} {gateway.batch_consume / reference.consume:5.2f}   "
         f"{'':>11} {gateway.rss / reference.rss:5.2f}{cpu}",
         flush=True,
     )
@@ -433,7 +472,12 @@ def main() -> int:
         type=int,
         help="records consumed, all groups together (default: dafka 20,000, kafka 50,000)",
     )
-    parser.add_argument("--window", type=int, default=100, help="BLPOPs in flight per group")
+    parser.add_argument(
+        "--window",
+        type=int,
+        default=100,
+        help="BLPOPs in flight per group, and the COUNT of each BLMPOP",
+    )
     parser.add_argument("--runs", type=int, default=1, help="runs per figure (the median)")
     parser.add_argument(
         "--partitions", type=int, default=1, help="per topic (Dafka's default is 4)"
@@ -485,6 +529,7 @@ def main() -> int:
         )
         print(
             f"  {'shape':<20} {'produce':>11} {'ratio':>5}   {'consume':>11} {'ratio':>5}   "
+            f"{'BLMPOP':>11} {'ratio':>5}   "
             f"{'RSS':>11} {'ratio':>5}   {'set-up':>8}   {'threads':>7} {'files':>7} "
             f"{'children':>10}   {'CPU/produced':>16}  {'CPU/consumed':>16}",
             flush=True,
