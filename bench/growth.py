@@ -17,10 +17,12 @@ fresh broker) is started and:
    stores) used, and its own CPU (all its threads) per record produced and per record
    consumed: on a shared machine the rates move with everyone else's load, the CPU a
    record costs much less;
-5. batch consume: as many records again are produced (not timed), and every group reads
-   them with BLMPOP COUNT --window, BATCHES_IN_FLIGHT calls in flight: records delivered
-   per second, all groups together. A BLPOP carries the group's whole topic list (12 KB
-   over 1,000 topics) for one record; a BLMPOP carries it for up to COUNT.
+5. batch consume: as many records as one group read are produced again (not timed), and
+   every group reads as many more with BLMPOP COUNT --window, BATCHES_IN_FLIGHT calls in
+   flight: records delivered per second, all groups together. A BLPOP carries the
+   group's whole topic list (12 KB over 1,000 topics) for one record; a BLMPOP carries
+   it for up to COUNT (docs/gateway.md, "What scale costs"). The BLMPOP figures are
+   printed over the direct consume rate too.
 Each shape is then run again without the gateway, by a process of its own: on Kafka a
 direct confluent-kafka client configured as the gateway's engine (bench/growth_direct.py,
 on a fresh broker); on Dafka the engine's Python interface driven directly, as the
