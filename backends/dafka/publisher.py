@@ -65,11 +65,12 @@ _BATCH = 100_000
 # record: pyzmq's call is the cheaper one there (0.37 against 0.53 µs a frame).
 _HOLD_GIL_UP_TO = 256
 # The first HEAD goes this long after the actor's first record, each next one twice as
-# long after the one before (`DoublingGap`), up to producer/head_interval. A PUB drops what it sends
-# before a subscriber has connected, and the stores connect to a new actor when its
-# beacon reaches them, often a few ms after a fresh gateway's first RPUSHX: those records
-# reach them only through a HEAD (they then FETCH). With the first HEAD a head_interval
-# (1 s) after, a fresh gateway's first DUMP took 1 s; now 60-160 ms (docs/dafka-engine.md).
+# long after the one before (`DoublingGap`), up to producer/head_interval. A PUB drops
+# what it sends before a subscriber has connected, and the stores connect to a new actor
+# when its beacon reaches them, often a few ms after a fresh gateway's first RPUSHX: those
+# records reach them only through a HEAD (they then FETCH). With the first HEAD a
+# head_interval (1 s) after, a fresh gateway's first DUMP took 1 s; now 60-160 ms
+# (docs/dafka-engine.md).
 _FIRST_HEAD_MS = 50
 _PACK_SEQ = struct.Struct(">Q").pack
 # How long the PUB may keep the last HEADs after close: long enough to reach the wire,
