@@ -17,6 +17,7 @@ from gateway.resp.requests import (
     _STAR,
     DEFAULT_LIMITS,
     MAX_DIGITS,
+    PARSE_STEP,
     FastPath,
     ParserLimits,
     PythonRequestParser,
@@ -407,10 +408,14 @@ class HiredisRequestParser(PythonRequestParser):
     """``PythonRequestParser`` with hiredis.Reader parsing runs of complete multibulks."""
 
     def __init__(
-        self, limits: ParserLimits = DEFAULT_LIMITS, *, repeat_in_c: bool | None = None
+        self,
+        limits: ParserLimits = DEFAULT_LIMITS,
+        *,
+        repeat_in_c: bool | None = None,
+        step: int = PARSE_STEP,
     ) -> None:
-        """`repeat_in_c`: see HiredisFastPath."""
-        super().__init__(limits, HiredisFastPath(limits, repeat_in_c))
+        """`repeat_in_c`: see HiredisFastPath; `step`: see PythonRequestParser."""
+        super().__init__(limits, HiredisFastPath(limits, repeat_in_c), step=step)
 
 
 # The framing before the first argument of a 3-argument command, and between two
@@ -457,12 +462,13 @@ def make_parser(
     *,
     use_hiredis: bool | None = None,
     repeat_in_c: bool | None = None,
+    step: int = PARSE_STEP,
 ) -> RequestParser:
     """A request parser: hiredis-backed when ``use_hiredis`` is True, or None and hiredis
     is importable (``repeat_in_c``: see HiredisFastPath); pure Python otherwise. All give
-    identical results."""
+    identical results. ``step``: see PythonRequestParser."""
     if use_hiredis is None:
         use_hiredis = hiredis is not None
     if use_hiredis:
-        return HiredisRequestParser(limits, repeat_in_c=repeat_in_c)
-    return PythonRequestParser(limits)
+        return HiredisRequestParser(limits, repeat_in_c=repeat_in_c, step=step)
+    return PythonRequestParser(limits, step=step)

@@ -99,6 +99,12 @@ _FIELD_WINDOW: Final = 1 + MAX_DIGITS + 2
 # Smallest encoding of one multibulk argument: "$-1\r\n".
 _MIN_ARG_BYTES: Final = 5
 
+# Bytes one parse goes through before it stops at the next command boundary: the rest
+# is parsed by the next get_command(). Bytes read behind a waiting command (up to
+# max_query_buffer) used to be parsed in one go, every other client stalled meanwhile
+# (16 MB of PING: about 2 s); a step is one read's worth.
+PARSE_STEP: Final = 256 * 1024
+
 _STAR: Final = 42  # ord("*")
 _DOLLAR: Final = 36  # ord("$")
 
@@ -143,6 +149,12 @@ class RequestParser(ABC):
     @abstractmethod
     def pending(self) -> bool:
         """True while part of a command has arrived but not all of it."""
+
+    @property
+    @abstractmethod
+    def parsed(self) -> int:
+        """Complete commands parsed and not yet taken: at most about one `PARSE_STEP`
+        of them, plus those given back."""
 
     def next_named(self, name: bytes) -> list[bytes] | None:
         """Take the next command if it is parsed already and is `name` with at least two
@@ -223,10 +235,16 @@ class PythonRequestParser(RequestParser):
     with an optional fast path that takes the common case off its hands."""
 
     def __init__(
-        self, limits: ParserLimits = DEFAULT_LIMITS, fast_path: FastPath | None = None
+        self,
+        limits: ParserLimits = DEFAULT_LIMITS,
+        fast_path: FastPath | None = None,
+        *,
+        step: int = PARSE_STEP,
     ) -> None:
+        """`step`: bytes one parse goes through (PARSE_STEP; smaller in tests)."""
         self._limits = limits
         self._fast_path = fast_path
+        self._step = step
         self._buf = b""
         self._pos = 0  # start of the first unparsed item in _buf
         # Reads not yet joined to _buf: joining on every read would copy a large
@@ -237,6 +255,10 @@ class PythonRequestParser(RequestParser):
         self._need_newline = False  # an inline line waits for its "\n"
         self._newline_arrived = False
         self._fresh = False  # data arrived since the last parse
+        # The last parse stopped after `step` bytes, at a command boundary: the next
+        # one goes on from there (joining the reads that came since only once it is done,
+        # or each step would copy the rest of a large backlog).
+        self._stepped = False
         self._args: list[bytes] | None = None  # arguments of an unfinished multibulk
         self._left = 0  # arguments still to read
         self._cmd_bytes = 0  # bytes of the unfinished multibulk before _pos
@@ -265,6 +287,10 @@ class PythonRequestParser(RequestParser):
     def pending(self) -> bool:
         return self._args is not None or self._pos < len(self._buf) or self._chunked > 0
 
+    @property
+    def parsed(self) -> int:
+        return len(self._ready)
+
     def next_named(self, name: bytes) -> list[bytes] | None:
         ready = self._ready
         if ready:
@@ -277,41 +303,46 @@ class PythonRequestParser(RequestParser):
         self._ready.extendleft(reversed(commands))
 
     def get_command(self) -> list[bytes] | None:
-        if self._ready:
-            return self._ready.popleft()
-        if self._error is not None:
-            raise self._error
-        if not self._fresh:
-            return None
-        if self._chunks:
-            available = len(self._buf) - self._pos + self._chunked
-            if available < self._need:
+        while True:  # again after a parse that gave no command but left bytes to parse
+            if self._ready:
+                return self._ready.popleft()
+            if self._error is not None:
+                raise self._error
+            if not self._fresh:
                 return None
-            if (
-                self._need_newline
-                and not self._newline_arrived
-                and available <= self._limits.max_inline_length
-            ):
-                return None
-            self._buf = b"".join([memoryview(self._buf)[self._pos :], *self._chunks])
-            self._pos = 0
-            self._chunks.clear()
-            self._chunked = 0
-        self._fresh = False
-        self._need = 0
-        self._need_newline = self._newline_arrived = False
-        self._parse()
-        if self._ready:
-            return self._ready.popleft()
-        if self._error is not None:
-            raise self._error
-        return None
+            if self._chunks and not self._stepped:
+                available = len(self._buf) - self._pos + self._chunked
+                if available < self._need:
+                    return None
+                if (
+                    self._need_newline
+                    and not self._newline_arrived
+                    and available <= self._limits.max_inline_length
+                ):
+                    return None
+                self._buf = b"".join([memoryview(self._buf)[self._pos :], *self._chunks])
+                self._pos = 0
+                self._chunks.clear()
+                self._chunked = 0
+            self._fresh = self._stepped = False
+            self._need = 0
+            self._need_newline = self._newline_arrived = False
+            self._parse()
+            if self._chunks and not self._stepped:
+                # Reads that came while the steps before this one were parsed: judged now,
+                # as feed() judges a read.
+                self._fresh = True
+                self._newline_arrived = self._need_newline and any(
+                    b"\n" in chunk for chunk in self._chunks
+                )
 
     def _parse(self) -> None:
-        """Parse every complete command in _buf[_pos:] into _ready; keep the rest."""
+        """Parse the complete commands in _buf[_pos:] into _ready, up to the first
+        command boundary `step` bytes on; keep the rest."""
         buf = self._buf
         end = len(buf)
         pos = self._pos
+        step_end = pos + self._step
         limits = self._limits
         max_bulk = limits.max_bulk_length
         max_query = limits.max_query_buffer
@@ -325,6 +356,9 @@ class PythonRequestParser(RequestParser):
                 if args is None:  # at a command boundary
                     if pos >= end:
                         break
+                    if pos >= step_end:
+                        self._fresh = self._stepped = True
+                        break
                     if buf[pos] != _STAR:
                         nxt = self._inline(buf, pos, end)
                         if nxt < 0:
@@ -333,7 +367,9 @@ class PythonRequestParser(RequestParser):
                         pos = nxt
                         continue
                     if fast is not None:
-                        nxt = fast.take(buf, pos, end, ready)
+                        # Up to the step's end: a command across it is left to the state
+                        # machine, the last of this step.
+                        nxt = fast.take(buf, pos, min(end, step_end), ready)
                         if nxt != pos:
                             pos = nxt
                             continue
@@ -403,9 +439,12 @@ class PythonRequestParser(RequestParser):
             self._chunked = 0
             self._cmd_bytes = 0
             return
-        # Keep only the unparsed tail: arguments already read were copied out of buf.
-        self._buf = buf[pos:] if pos < end else b""
-        self._pos = 0
+        if self._stepped:
+            self._pos = pos  # not a copy of the rest at each step: parsed from here next
+        else:
+            # Keep only the unparsed tail: arguments already read were copied out of buf.
+            self._buf = buf[pos:] if pos < end else b""
+            self._pos = 0
         self._args = args
         self._left = left
         self._cmd_bytes = pos - cmd_start if args is not None else 0

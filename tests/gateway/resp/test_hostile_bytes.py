@@ -121,6 +121,76 @@ def test_property_random_bytes_only_protocol_errors(
         assert outcome == reference, name
 
 
+def feed_taking_some(
+    parser: RequestParser, pieces: list[bytes], takes: list[int], step: int
+) -> Outcome:
+    """Feed the reads one by one, taking at most `takes[i]` commands after read i (then
+    all that is left): reads come while what came before is still parsed in steps.
+    After each command taken, the parser holds at most one step of parsed commands (a
+    command is at least 2 bytes: `a\\n`)."""
+    commands: list[list[bytes]] = []
+
+    def take() -> bool:
+        command = parser.get_command()
+        assert parser.parsed <= step // 2 + 1, f"{parser.parsed} commands parsed ahead"
+        if command is None:
+            return False
+        commands.append(command)
+        return True
+
+    try:
+        for piece, most in zip(pieces, itertools.cycle(takes), strict=False):
+            parser.feed(piece)
+            for _ in range(most):
+                if not take():
+                    break
+        while take():
+            pass
+    except ProtocolError as error:
+        return commands, str(error)
+    return commands, None
+
+
+# Streams of well-formed commands, for steps to cut between: runs of one 3-argument
+# command (the fast path's), other multibulks and inline lines.
+WELL_FORMED = st.lists(
+    st.one_of(
+        st.tuples(st.sampled_from([b"t:k", b"t:j"]), st.binary(max_size=8)).map(
+            lambda kv: encode_many([[b"RPUSHX", *kv]], 2)
+        ),
+        st.lists(st.binary(max_size=8), min_size=1, max_size=4).map(
+            lambda command: encode_many([command], 2)
+        ),
+        INLINE,
+    ),
+    min_size=1,
+    max_size=20,
+).map(b"".join)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    data=st.one_of(WELL_FORMED, WELL_FORMED, STREAM),
+    cuts=CUTS,
+    limits=st.one_of(st.just(ParserLimits()), LIMITS),
+    step=st.integers(1, 40),
+    takes=st.lists(st.integers(0, 3), min_size=1, max_size=6),
+)
+def test_property_parsing_in_steps_changes_nothing(
+    data: bytes, cuts: list[int], limits: ParserLimits, step: int, takes: list[int]
+) -> None:
+    """A parse stops at the first command boundary `step` bytes on (so that a large
+    backlog does not hold the event loop): with steps of a few bytes, and reads that
+    arrive while earlier ones are parsed a step at a time, every parser gives the
+    commands and the error of one parse of the whole stream, and never holds more than
+    a step of parsed commands."""
+    reference = feed_checked(PythonRequestParser(limits), [data], limits)
+    for name, make in PARSERS.items():
+        for pieces in ([data], split_at(data, cuts)):
+            outcome = feed_taking_some(make(limits, step=step), pieces, takes, step)
+            assert outcome == reference, f"{name}, step {step}, {len(pieces)} reads"
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     prefix=st.binary(max_size=30),
