@@ -2,11 +2,13 @@
 
 Every read is fed to the sans-IO parser and the complete commands in it run at once,
 inside the transport's read callback: no task and no future per read. All their replies
-go out in one write. A command that waits (BLPOP, DUMP, KEYS) runs as a task of its own
-and suspends only its connection; meanwhile the socket is still read, so a disconnect is
-noticed at once and releases the consumer (commands pipelined behind it wait their turn
-in the parser, bounded by the query-buffer limit; see gateway.flow). While the client
-does not read our replies, the connection runs no commands.
+go out in one write; past WRITE_BATCH bytes of them, the rest of the read runs in a later
+turn of the loop, and the client is not read until it has. A command that waits (BLPOP,
+DUMP, KEYS) runs as a task of its own and suspends only its connection; meanwhile the
+socket is still read, so a disconnect is noticed at once and releases the consumer
+(commands pipelined behind it wait their turn in the parser, bounded by the query-buffer
+limit; see gateway.flow). While the client does not read our replies, the connection
+runs no commands.
 """
 
 from __future__ import annotations
@@ -148,6 +150,11 @@ class Connection(asyncio.Protocol):
         return self._parser.buffered
 
     @property
+    def parsed(self) -> int:
+        """Commands parsed and not yet run: at most about one read's worth."""
+        return self._parser.parsed
+
+    @property
     def reading_paused(self) -> bool:
         """True while we do not read this client (it does not read our replies, or it
         sent more than the query-buffer limit behind a waiting command)."""
@@ -250,6 +257,7 @@ class Connection(asyncio.Protocol):
                     self._end()
                     return
                 if command is None:
+                    self._flow.caught_up()
                     break
                 completed = True
                 if len(command) > 2 and command[0] in _RPUSHX and latency is None:
@@ -275,6 +283,7 @@ class Connection(asyncio.Protocol):
                     transport.write(b"".join(out))
                     out.clear()
                     counted = size = 0
+                    self._flow.run_later()  # read on once what came has run
                     if not self._flow.write_paused:
                         # Let the other connections in before running the rest.
                         self._loop.call_soon(self._resume)
@@ -380,7 +389,7 @@ class Connection(asyncio.Protocol):
 
     def _parse_held(self) -> bool:
         """The bytes received are not being parsed through no fault of the client's."""
-        return self._command is not None or self._flow.write_paused
+        return self._command is not None or self._flow.write_paused or self._flow.behind
 
     def _too_slow(self) -> None:
         assert self.session is not None

@@ -2,10 +2,12 @@
 
 Reading pauses while the client does not read our replies (the transport's write buffer
 is full), so that such a client stalls only itself, while an RPUSHX waits for room in the
-engine's queue (backpressure), and while it has sent more than `max_query_buffer` bytes
+engine's queue (backpressure), while it has sent more than `max_query_buffer` bytes
 behind a command that waits (we read on meanwhile, to notice a
-disconnect at once, but not without bound). MONITOR's writer awaits `drain()` to wait for
-the client to read again.
+disconnect at once, but not without bound), and while commands it sent are left to run
+in a later turn of the event loop (what one read brings is run before the next read, as
+in Redis: a client that reads its replies could otherwise make us hold every command it
+ever sent). MONITOR's writer awaits `drain()` to wait for the client to read again.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ class FlowControl:
         self._max_query_buffer = max_query_buffer
         self.write_paused = False  # the client does not read our replies
         self._buffer_full = False  # it sent more than the limit behind a waiting command
+        self._behind = False  # commands received are left to run in a later turn
         self._reading_paused = False
         self._buffered = 0  # bytes received since the waiting command started
         self._drain_waiters: list[asyncio.Future[None]] = []
@@ -54,15 +57,36 @@ class FlowControl:
             self._drain_waiters.append(waiter)
             await waiter
 
+    # --- commands received and not run yet ----------------------------------------------
+
+    def run_later(self) -> None:
+        """Commands received are left to run in a later turn: read nothing more until
+        they have run (`caught_up`) or one of them waits."""
+        if not self._behind:
+            self._behind = True
+            self._update_reading()
+
+    def caught_up(self) -> None:
+        """Every complete command received has run."""
+        if self._behind:
+            self._behind = False
+            self._update_reading()
+
+    @property
+    def behind(self) -> bool:
+        return self._behind
+
     # --- what arrives behind a waiting command --------------------------------------------
 
     def command_waits(self, stop_reading: bool = False) -> None:
         """A command waits; with `stop_reading`, read nothing until it is answered (it
-        waits for room for records: reading more would only queue more)."""
+        waits for room for records: reading more would only queue more). Otherwise read
+        on, up to the limit, whatever was left to run behind it."""
         self._buffered = 0
+        self._behind = False
         if stop_reading:
             self._buffer_full = True
-            self._update_reading()
+        self._update_reading()
 
     def received_while_waiting(self, size: int) -> None:
         self._buffered += size
@@ -90,7 +114,7 @@ class FlowControl:
     def _update_reading(self) -> None:
         if self._stopped:
             return
-        pause = self.write_paused or self._buffer_full
+        pause = self.write_paused or self._buffer_full or self._behind
         if pause and not self._reading_paused:
             self._reading_paused = True
             self._transport.pause_reading()

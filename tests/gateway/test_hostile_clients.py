@@ -22,8 +22,10 @@ import pytest
 
 from gateway.connection import WRITE_BATCH, Connection
 from gateway.resp import make_parser
+from gateway.resp.requests import PARSE_STEP
 from gateway.runner import ServerThread
-from tests.support.fixtures import GatewayConfig
+from tests.support import resp
+from tests.support.fixtures import EngineFactories, GatewayConfig
 from tests.support.gateway import Raw, running
 from tests.support.waiting import wait_until
 
@@ -135,6 +137,121 @@ def test_a_client_that_never_reads_holds_a_bounded_reply_buffer(
             f"a bystander's PING took {worst_ping:.2f}s (allowed {allowed:.2f}s: parsing one "
             f"read takes {reference:.3f}s)"
         )
+
+
+def stats_reply_header(raw: Raw) -> bytes:
+    """The first line of the reply to `HGETALL stats` (an amplifier: ~30 bytes in,
+    ~400 out), to count those replies in a stream."""
+    raw.command("HGETALL", "stats")
+    reply = raw.read_reply()
+    assert isinstance(reply, list)
+    return b"*%d\r\n" % len(reply)
+
+
+def reading_all(
+    raw: Raw, pattern: bytes = b"", count: int = 0
+) -> tuple[threading.Thread, list[bytes]]:
+    """A started thread that reads `raw` until `pattern` has come `count` times (or
+    until the connection closes)."""
+    received: list[bytes] = []
+
+    def read() -> None:
+        seen = 0
+        tail = b""
+        with suppress(OSError):
+            while chunk := raw.sock.recv(1 << 20):
+                received.append(chunk)
+                if pattern:
+                    seen += (tail + chunk).count(pattern)
+                    tail = chunk[-(len(pattern) - 1) :]
+                    if seen >= count:
+                        return
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    return thread, received
+
+
+def test_a_client_that_reads_never_makes_us_hold_more_than_a_read_of_commands(
+    server: ServerThread,
+) -> None:
+    """A pipelining client that reads its replies as they come: what one read brings is
+    run (256 KiB of replies a turn of the loop) before the next read, as in Redis. We
+    used to read on meanwhile and parse every read: 6 MB of HGETALL held 148,000 parsed
+    commands (several times their size as objects), without bound for a longer one."""
+    commands = 200_000
+    request = resp.command("HGETALL", "stats")
+    bound = PARSE_STEP // len(request) + 1  # commands in one step of the parser
+    with Raw(server.port, timeout=60) as raw:
+        header = stats_reply_header(raw)
+        connection = connection_of(server, client_id(raw))
+        raw.command("PING")
+        raw.expect(b"+PONG\r\n")
+        reader, received = reading_all(raw, b"+PONG\r\n", 1)
+        sender = threading.Thread(
+            target=raw.send, args=(request * commands + resp.command("PING"),), daemon=True
+        )
+        sender.start()
+        most = 0
+        while reader.is_alive():
+            most = max(most, connection.parsed)
+            reader.join(0.001)
+        sender.join(10)
+    answered = b"".join(received).count(header)
+    assert answered == commands, f"{answered} of {commands} answered"
+    assert most <= bound, f"{most} commands held parsed, bound {bound} (one step)"
+
+
+def test_a_half_closed_pipeline_is_answered_in_full(server: ServerThread) -> None:
+    """A client that sends its pipeline, then shuts down its sending side (as `nc -N`
+    does) and reads: every command runs and is answered, however many replies it has
+    (they go out 256 KiB a turn). The EOF used to end the connection with two thirds of
+    20,000 HGETALL never run."""
+    commands = 20_000
+    with Raw(server.port, timeout=60) as raw:
+        header = stats_reply_header(raw)
+        reader, received = reading_all(raw)
+        raw.send(resp.command("HGETALL", "stats") * commands + resp.command("PING"))
+        raw.sock.shutdown(socket.SHUT_WR)
+        reader.join(60)
+        assert not reader.is_alive(), "the connection was not closed after the last reply"
+    replies = b"".join(received)
+    assert (replies.count(header), replies.endswith(b"+PONG\r\n")) == (commands, True)
+
+
+def test_a_backlog_behind_a_waiting_blpop_runs_without_stalling_others(
+    server: ServerThread, engines: EngineFactories
+) -> None:
+    """Up to `max_query_buffer` may arrive behind a waiting BLPOP, read but not parsed.
+    Once the BLPOP answers, that backlog is parsed a step (one read's worth) at a time
+    between the other clients' turns: parsed in one go, 24 MB of PING held every other
+    client for seconds."""
+    topic = engines("memory").new_topic(1)
+    pipeline = resp.command("PING") * (24 * 1024 * 1024 // 14)
+    with Raw(server.port, timeout=60) as waiter, Raw(server.port) as bystander:
+        waiter.command("CLIENT", "SETNAME", "hostile:waiter")
+        assert waiter.read_reply() == b"OK"
+        connection = connection_of(server, client_id(waiter))
+        waiter.command("BLPOP", f"topics:{topic}", "60")
+        wait_until(lambda: connection.waiting, 10, "the BLPOP to wait")
+        waiter.send(pipeline)
+        wait_until(lambda: connection.unparsed >= len(pipeline), 30, "the pipeline to be read")
+        pongs = len(pipeline) // 14
+        reader, received = reading_all(waiter, b"+PONG\r\n", pongs)
+        reference = parse_time(pipeline[: 256 * 1024])
+        bystander.command("RPUSHX", f"topics:{topic}", "release")
+        bystander.expect(b":1\r\n")
+        worst = 0.0
+        while reader.is_alive():
+            worst = max(worst, ping_time(bystander))
+        reader.join(10)
+    replies = b"".join(received)
+    assert replies.count(b"+PONG\r\n") == pongs, "the backlog was not answered in full"
+    allowed = PROMPT + 10 * reference
+    assert worst < allowed, (
+        f"a bystander's PING took {worst:.2f}s (allowed {allowed:.2f}s: parsing one read "
+        f"takes {reference:.3f}s)"
+    )
 
 
 def test_a_partial_command_trickled_forever_is_cut(gateway_config: GatewayConfig) -> None:
