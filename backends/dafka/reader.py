@@ -565,6 +565,12 @@ class _Actor:
                 for seq in [seq for seq in cursor.held if seq < cursor.next]:
                     del cursor.held[seq]
                 first = min(cursor.held, default=cursor.next + count)
+            if first == cursor.next:
+                # Held when the credit ran out under it (a grant took credit back): the
+                # next record is here. A FETCH of the gap before it would ask for none.
+                self._deliver(cursor, first, cursor.held.pop(first))
+                self._pump(cursor, now)
+                return
             count = min(count, first - cursor.next)  # only the gap: the rest is here
         if cursor.fresh:
             count = max(count, MAX_FETCH // 10)  # the oldest kept record may be far ahead

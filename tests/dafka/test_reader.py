@@ -133,6 +133,28 @@ def test_only_records_within_the_credit_are_held(
     assert owner.records(2) == [record(3), record(4)]
 
 
+def test_a_record_held_when_the_credit_was_taken_back_comes_with_the_next_grant(
+    reader: Reader, test_peer: TestPeer, owner: Owner
+) -> None:
+    """A group takes credit back (`Group._share_among`: a negative grant) while live
+    records wait past a gap. The gap comes, delivery stops where the credit ends, and the
+    next record (4) stays held. Granted more, the reader delivers 4, 5, 6: it used to
+    FETCH the gap before the first held record, 0 records from 4, again at every retry,
+    and the partition never moved again."""
+    start(reader, test_peer, credit=10)
+    live(test_peer, 0)
+    assert owner.records(1) == [record(0)]
+    live(test_peer, 4, 5, 6)  # 1..3 missed: fetched, 4..6 held
+    expect_fetch(test_peer, 1, 3)
+    reader.grant(CURSOR, -6)  # 3 left: for 1..3 only
+    answer(test_peer, reader, 1, 2, 3)
+    assert owner.records(3) == [record(1), record(2), record(3)]
+    reader.grant(CURSOR, 10)
+    assert owner.records(3) == [record(4), record(5), record(6)]
+    live(test_peer, 8)  # the gap at 7 fetched, not more
+    expect_fetch(test_peer, 7, 1)
+
+
 @pytest.fixture
 def quick_retry(dafka_config: Config) -> Config:
     """A FETCH counts as lost after 100 ms (set before the reader starts)."""
