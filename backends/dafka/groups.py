@@ -189,6 +189,9 @@ class Group:
         part.generation += 1
         part.credit = self._share if credit is None else min(credit, self._share)
         self.held += part.credit
+        # `jump`: a position below the oldest record the stores keep (retention took
+        # it, while the group was away) restarts at that record, as Kafka's
+        # auto.offset.reset does; it used to wait for records no store would ever send.
         self._reader.start(
             (self.name, part.topic, part.address),
             part.topic,
@@ -196,6 +199,7 @@ class Group:
             offset,
             part.credit,
             part.generation,
+            jump=True,
         )
 
     def writer_failed(self, topic: str, address: str) -> None:

@@ -572,7 +572,7 @@ class _Actor:
                 self._pump(cursor, now)
                 return
             count = min(count, first - cursor.next)  # only the gap: the rest is here
-        if cursor.fresh:
+        if cursor.fresh and cursor.next == 0:
             count = max(count, MAX_FETCH // 10)  # the oldest kept record may be far ahead
         self._fetch(cursor, cursor.next, count, now)
 

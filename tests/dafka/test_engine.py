@@ -141,6 +141,58 @@ def test_rebalance_redelivers_unacked_records(network: Config) -> None:
     run(body())
 
 
+@pytest.fixture
+def capped_network(dafka_config: Config, tower: Tower) -> Iterator[tuple[Config, Store]]:
+    """A store that keeps about the newest 10 records of topic `t` (retention.bytes),
+    applied every 20 ms."""
+    store_config = dafka_config.copy()
+    store_config.set("store/topics/t/retention/bytes", 1000)
+    store_config.set("store/retention/check_interval", 20)
+    store = Store(store_config, zmq.Context.instance())
+    try:
+        yield dafka_config, store
+    finally:
+        store.close()
+
+
+def test_a_commit_below_the_oldest_kept_record_restarts_at_it(
+    capped_network: tuple[Config, Store],
+) -> None:
+    """Group `g` committed offset 2, then retention took records 0..N (N > 2) while it
+    was away. A member that joins again gets the oldest record the stores keep (as
+    Kafka's auto.offset.reset, an offset out of range); it used to wait for offset 2,
+    which no store will send, and the partition never delivered again."""
+    config, store = capped_network
+    value = b"x" * 100
+
+    async def body() -> None:
+        async with engine_on(config, partitions=1) as engine:
+            producer = engine.producer("s1")
+            producer.produce_many("t", None, [value] * 5)
+            assert await producer.flush(WAIT) == 0
+            first = await engine.consumer("g", "a", ["t"], {})
+            assert [r.offset for r in await take(first, 2)] == [0, 1]
+            await first.close()  # commits 2
+            producer.produce_many("t", None, [value] * 40)
+            assert await producer.flush(WAIT) == 0
+            partition = own_address("t", 0).encode()
+            await wait_until_async(
+                lambda: (store.storage.tail(b"t", partition) or 0) > 2,
+                WAIT,
+                "retention to take the committed offset 2",
+            )
+            oldest = store.storage.tail(b"t", partition) or 0
+            again = await engine.consumer("g", "b", ["t"], {})
+            record = await again.next(WAIT)
+            assert record is not None, f"nothing from a commit (2) below the oldest ({oldest})"
+            assert record.offset >= oldest
+            rest = await take(again, 44 - record.offset)
+            assert [r.offset for r in rest] == list(range(record.offset + 1, 45))
+            await again.close()
+
+    run(body())
+
+
 def test_latest_skips_what_was_there(network: Config) -> None:
     async def body() -> None:
         async with engine_on(network, partitions=1) as engine:
