@@ -226,8 +226,8 @@ class Handover:
             try:
                 firsts = publisher.publish_batch(batch)
             except RuntimeError as error:  # the actor is gone: these records never go out
-                for writer, (_, records) in zip(writers_of[publisher], batch, strict=True):
-                    writer.fail(error, len(records))
+                for writer in writers_of[publisher]:
+                    writer.fail(error)
                 continue
             handed = zip(writers_of[publisher], firsts, batch, strict=True)
             published([(w.topic, w.address, first, records) for w, first, (_, records) in handed])
@@ -310,6 +310,8 @@ class PartitionWriter:
         room = self._engine.settings.queue_max_messages - held
         full = room < len(values)
         if full and not self.internal and self._engine.fail_stranded_writers():
+            if self.failed is not None:  # this one's actor died: room, but no way out
+                raise ProduceError(self.failed)
             room = self._engine.settings.queue_max_messages - self._handover.unacked
             full = room < len(values)
         if full:
@@ -339,7 +341,7 @@ class PartitionWriter:
         """Fail now if this writer's partition is on one of these dead actors: its records
         not acknowledged never will be (it would fail only at its next record)."""
         if self.failed is None and self.publisher in dead:
-            self.fail(RuntimeError("the Dafka writers' actor stopped"), self.submitted - self.acked)
+            self.fail(RuntimeError("the Dafka writers' actor stopped"))
 
     def _set_failed(self, text: str) -> None:
         """This writer fails with `text` (once): its records not acknowledged never will
@@ -386,15 +388,17 @@ class PartitionWriter:
         try:
             first = partition.publish_many(pending)
         except RuntimeError as error:
-            self.fail(error, len(pending))
+            self.fail(error)
             return
         # Its records are the actor's: this gateway's groups may take them now.
         self._engine.published([(self.topic, self.address, first, pending)])
 
-    def fail(self, error: Exception, lost: int) -> None:
-        """The actor is gone: `lost` records handed to it never go out (loop thread)."""
+    def fail(self, error: Exception) -> None:
+        """The actor is gone: the records no store acknowledged never will be, those
+        handed to it before as well as those it refused now (loop thread)."""
         if self.failed is not None:
             return  # failed already (a conflict): counted then
+        lost = self.submitted - self.acked
         self._set_failed(f"Local: Transport failure: {error}")
         log.error("partition writer failed", topic=self.topic, error=str(error))
         if not self.internal:
@@ -637,9 +641,8 @@ class ProducerHandle(Producer):
             if not ranges:
                 del self._ranges[writer]
                 continue
-            if writer.failed is not None:
-                left += sum(end - start for start, end in ranges)
-                continue
+            # A failed writer's too: what a store acknowledged before the failure (its
+            # `acked` stops there) is durable, the rest never will be.
             left += sum(end - max(start, acked) for start, end in ranges)
         return left
 

@@ -127,6 +127,54 @@ def test_records_stranded_on_a_dead_actor_give_back_the_queue_at_once(
     run(body())
 
 
+def test_a_full_queue_that_fails_a_dead_actors_writer_refuses_its_record(
+    dafka_config: Config, store: Store
+) -> None:
+    """With the queue full, the check for writers stranded on a dead actor may fail the
+    very writer a record is for: the record is refused with the writer's failure. It was
+    queued in the failed writer instead (answered as taken, never sent, not counted as
+    lost), and its room in the queue was never given back."""
+
+    async def body() -> None:
+        async with engine_on(dafka_config, partitions=1, queue_max_messages=2) as engine:
+            producer = engine.producer("s1")
+            producer.produce("stranded", None, b"kept")
+            assert await producer.flush(WAIT) == 0
+            producer.produce_many("stranded", None, [b"lost-1", b"lost-2"])  # the queue, full
+            engine.publisher().close(0)  # dies before the pass hands them over
+            with pytest.raises(ProduceError, match=r"^Local: Transport failure: "):
+                producer.produce("stranded", None, b"refused")
+            assert await producer.flush(WAIT) == 2, "the two records the dead actor held"
+            producer.produce_many("elsewhere", None, [b"a", b"b"])  # the whole queue again
+            assert await producer.flush(WAIT) == 2, "a and b stored; the lost two, still lost"
+
+    run(body())
+
+
+def test_delivery_errors_count_every_record_a_dead_actor_held(
+    dafka_config: Config, store: Store
+) -> None:
+    """A writer failing at a hand-over to a dead actor counts as delivery errors the
+    records it had handed over before and no store acknowledged, as DUMP does; it used to
+    count only that hand-over's."""
+
+    async def body() -> None:
+        async with engine_on(dafka_config, partitions=1) as engine:
+            producer = engine.producer("s1")
+            producer.produce("errs", None, b"kept")
+            assert await producer.flush(WAIT) == 0
+            store.close()  # no ACK from now on
+            producer.produce("errs", None, b"handed")
+            engine._writers[("errs", 0)].publish_pending()
+            engine.publisher().close(0)
+            before = engine.stats.get(Stats.DELIVERY_ERRORS)
+            producer.produce("errs", None, b"refused")  # the hand-over fails the writer
+            assert await producer.flush(WAIT) == 2
+            assert engine.stats.get(Stats.DELIVERY_ERRORS) - before == 2
+
+    run(body())
+
+
 def test_grouped_runs_are_taken_whole_or_declined_without_room_for_all(
     dafka_config: Config, store: Store
 ) -> None:
@@ -235,6 +283,34 @@ def test_a_partition_another_writer_wrote_to_refuses_records_and_dump_counts_the
                 b"theirs-2",
                 b"theirs-3",
             ]
+
+    run(body())
+
+
+def test_after_a_conflict_dump_counts_only_the_records_no_store_acknowledged(
+    dafka_config: Config, store: Store
+) -> None:
+    """A session's records to one writer without a DUMP between them are one range;
+    once the writer fails on a conflict, DUMP counts the part of it that a store
+    acknowledged before as durable. It counted the failed writer's ranges whole: 3 here,
+    ours-0 included, which a client would then send again."""
+
+    async def body() -> None:
+        async with engine_on(dafka_config, partitions=1) as engine:
+            producer = engine.producer("s1")
+            producer.produce("shared", None, b"ours-0")
+            writer = engine._writers[("shared", 0)]
+            assert await engine.wait_durable(writer, 1, WAIT), "ours-0 stored"
+            other = Publisher(dafka_config, zmq.Context.instance())
+            try:
+                theirs = other.open("shared", address=own_address("shared", 0), first_sequence=1)
+                theirs.publish_many([b"theirs-1", b"theirs-2", b"theirs-3"])
+                wait_until(lambda: theirs.unacked_count() == 0, WAIT, "the other writer stored")
+            finally:
+                other.close(timeout=0)
+            producer.produce_many("shared", None, [b"ours-1", b"ours-2"])
+            assert await producer.flush(WAIT) == 2, "only ours-1 and ours-2 are not stored"
+            assert writer.failed is not None
 
     run(body())
 
