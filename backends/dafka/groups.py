@@ -50,6 +50,11 @@ NOT_ASSIGNED = "Local: Erroneous state"
 CLOSED = "Consumer closed"
 _joins = itertools.count()
 _ready_tokens = itertools.count(1)
+# A partition's generation, new at every (re)start: unique in the process, not per group.
+# The reader's cursors are keyed by the group's name, so a group closed and made again at
+# once (a client's reconnect) took records still on their way for the old one, numbered
+# from 1 again, for its own: they moved its position past records it never delivered.
+_generations = itertools.count(1)
 
 
 class _Partition:
@@ -86,7 +91,7 @@ class _Partition:
         # (rebalance, rewind) are then never built at all.
         self.buffer: collections.deque[bytes] = collections.deque()
         self.credit = 0  # records the reader may still deliver without a new grant
-        self.generation = 0  # bumped by every (re)start: older records are stale
+        self.generation = 0  # new at every (re)start: older records are stale
         self.dirty = False  # acked moved since the last commit
         self.committed = -1  # the offset last handed to a commit
         # Non-zero while the owner's ready queue holds this partition: the token of that
@@ -186,7 +191,7 @@ class Group:
         part.position = part.acked = part.expected = offset
         self.held -= len(part.buffer) + part.credit
         part.buffer.clear()
-        part.generation += 1
+        part.generation = next(_generations)
         part.credit = self._share if credit is None else min(credit, self._share)
         self.held += part.credit
         # `jump`: a position below the oldest record the stores keep (retention took
