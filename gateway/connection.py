@@ -146,7 +146,8 @@ class Connection(asyncio.Protocol):
 
     @property
     def unparsed(self) -> int:
-        """Bytes the parser holds for an unfinished command."""
+        """Bytes the parser holds not parsed into commands yet (gateway.resp's
+        `RequestParser.buffered`)."""
         return self._parser.buffered
 
     @property
@@ -156,8 +157,9 @@ class Connection(asyncio.Protocol):
 
     @property
     def reading_paused(self) -> bool:
-        """True while we do not read this client (it does not read our replies, or it
-        sent more than the query-buffer limit behind a waiting command)."""
+        """True while we do not read this client (it does not read our replies, it
+        sent more than the query-buffer limit behind a waiting command, or commands it
+        sent wait for a later turn: gateway.flow)."""
         return self._flow.reading_paused
 
     # --- protocol callbacks ------------------------------------------------------------
@@ -257,7 +259,11 @@ class Connection(asyncio.Protocol):
                     self._end()
                     return
                 if command is None:
-                    self._flow.caught_up()
+                    if parser.more:  # a step gave no command: the next in a later turn
+                        self._flow.run_later()
+                        self._loop.call_soon(self._resume)
+                    else:
+                        self._flow.caught_up()
                     break
                 completed = True
                 if len(command) > 2 and command[0] in _RPUSHX and latency is None:

@@ -140,21 +140,30 @@ class RequestParser(ABC):
     @property
     @abstractmethod
     def buffered(self) -> int:
-        """Bytes received for the unfinished command (headers and data so far, not the
-        complete commands waiting in the parser). Once ``get_command`` has returned None,
-        at most ``max(max_query_buffer, max_inline_length)`` + 23 (one header line) plus
-        the last read."""
+        """Bytes received and not parsed into commands yet: the unfinished command's
+        (headers and data so far), and while ``more`` is set the complete ones past the
+        last step as well (not the parsed commands waiting in the parser). Once
+        ``get_command`` has returned None without ``more``, at most
+        ``max(max_query_buffer, max_inline_length)`` + 23 (one header line) plus the
+        last read."""
 
     @property
     @abstractmethod
     def pending(self) -> bool:
-        """True while part of a command has arrived but not all of it."""
+        """True while bytes received are not parsed into commands yet: part of a
+        command, or (``more``) a backlog past the last step."""
 
     @property
     @abstractmethod
     def parsed(self) -> int:
         """Complete commands parsed and not yet taken: at most about one `PARSE_STEP`
         of them, plus those given back."""
+
+    @property
+    @abstractmethod
+    def more(self) -> bool:
+        """After ``get_command`` returned None: bytes received are left to parse (a
+        step gave no command, as blank lines do), for another call, in a later turn."""
 
     def next_named(self, name: bytes) -> list[bytes] | None:
         """Take the next command if it is parsed already and is `name` with at least two
@@ -291,6 +300,10 @@ class PythonRequestParser(RequestParser):
     def parsed(self) -> int:
         return len(self._ready)
 
+    @property
+    def more(self) -> bool:
+        return self._stepped
+
     def next_named(self, name: bytes) -> list[bytes] | None:
         ready = self._ready
         if ready:
@@ -303,7 +316,9 @@ class PythonRequestParser(RequestParser):
         self._ready.extendleft(reversed(commands))
 
     def get_command(self) -> list[bytes] | None:
-        while True:  # again after a parse that gave no command but left bytes to parse
+        # Again after a parse that gave no command when reads came during the steps
+        # before it (joined now); a step that gives none returns None: `more`.
+        while True:
             if self._ready:
                 return self._ready.popleft()
             if self._error is not None:
@@ -328,7 +343,11 @@ class PythonRequestParser(RequestParser):
             self._need = 0
             self._need_newline = self._newline_arrived = False
             self._parse()
-            if self._chunks and not self._stepped:
+            if self._stepped:
+                if self._ready:
+                    return self._ready.popleft()
+                return None  # the rest in another call: one step each
+            if self._chunks:
                 # Reads that came while the steps before this one were parsed: judged now,
                 # as feed() judges a read.
                 self._fresh = True

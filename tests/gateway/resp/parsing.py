@@ -34,8 +34,9 @@ def feed_pieces(
     try:
         for piece in pieces:
             parser.feed(piece)
-            while (command := parser.get_command()) is not None:
-                commands.append(command)
+            while (command := parser.get_command()) is not None or parser.more:
+                if command is not None:
+                    commands.append(command)
             if after_read is not None:
                 after_read(piece)
     except ProtocolError as error:

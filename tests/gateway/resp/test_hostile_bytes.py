@@ -134,7 +134,7 @@ def feed_taking_some(
         command = parser.get_command()
         assert parser.parsed <= step // 2 + 1, f"{parser.parsed} commands parsed ahead"
         if command is None:
-            return False
+            return parser.more  # a step gave no command: call again
         commands.append(command)
         return True
 

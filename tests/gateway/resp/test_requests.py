@@ -25,6 +25,7 @@ from gateway.resp import (
     make_parser,
 )
 from tests.gateway.resp.parsing import (
+    DEFAULT_LIMITS,
     HIREDIS,
     PARSERS,
     RAFKA_LIMITS,
@@ -59,6 +60,31 @@ def test_get_command_returns_none_until_the_command_is_complete(make: MakeParser
     parser.feed(data[-1:])
     assert parser.get_command() == [b"PING"]
     assert parser.get_command() is None
+
+
+@pytest.mark.parametrize("name", list(PARSERS))
+def test_a_backlog_is_parsed_one_step_a_call_even_when_it_gives_no_command(name: str) -> None:
+    """Each get_command goes through at most one step of bytes (and the command across
+    its end): a backlog of commands comes a step at a time, and a step of blank lines
+    (no command) returns None with `more` set, for the next call, instead of going on
+    through the whole backlog in one call (8 MB of them: seconds of every client's
+    time)."""
+    parser = PARSERS[name](DEFAULT_LIMITS, step=64)
+    ping = multibulk(b"PING")  # 14 bytes
+    parser.feed(ping * 10 + b"\n" * 200 + ping)
+    taken = [parser.get_command()]
+    assert parser.parsed <= 64 // len(ping) + 1
+    while (command := parser.get_command()) is not None:
+        taken.append(command)
+    assert taken == [[b"PING"]] * 10
+    assert parser.more
+    calls = 1  # the None that ended the loop above
+    while (command := parser.get_command()) is None:
+        assert parser.more, "blank lines left unparsed with nothing to say so"
+        calls += 1
+    assert command == [b"PING"]
+    assert calls >= 200 // 64, f"200 blank lines parsed in {calls} calls of 64 bytes"
+    assert parser.get_command() is None and not parser.more
 
 
 def test_feed_accepts_a_reused_bytearray(make: MakeParser) -> None:
