@@ -78,6 +78,7 @@ class _Cursor:
         "generation",
         "held",
         "key",
+        "missed",
         "next",
         "part",
     )
@@ -93,6 +94,10 @@ class _Cursor:
         # to another FETCH is never older than the oldest record kept, so the lowest one
         # seen is the stores' oldest.
         self.candidate = -1
+        # A FETCH from `next` timed out with later records answered: the next one doing
+        # so makes the jump (one lost FETCH, or one store slower than another that keeps
+        # less, is no proof that the record asked for is gone).
+        self.missed = False
         self.generation = 0
         self.fetch_end = 0  # a FETCH asked for records up to here (exclusive)
         self.fetch_until = 0  # ms; after this the FETCH counts as lost
@@ -282,10 +287,13 @@ class _Actor:
                 self._send(proto.Message(proto.GET_HEADS, topic.encode(), address=self.uuid))
             for cursor in [c for c in self.fetching if c.fetch_until <= now]:
                 if cursor.fresh and cursor.candidate > cursor.next:
-                    # What was asked for is gone (retention): start at the oldest kept.
-                    cursor.next, cursor.fresh, cursor.candidate = cursor.candidate, False, -1
-                    if cursor.next in cursor.held:
-                        self._deliver(cursor, cursor.next, cursor.held.pop(cursor.next))
+                    if cursor.missed:
+                        # What was asked for is gone (retention): start at the oldest kept.
+                        cursor.next, cursor.fresh, cursor.candidate = cursor.candidate, False, -1
+                        if cursor.next in cursor.held:
+                            self._deliver(cursor, cursor.next, cursor.held.pop(cursor.next))
+                    else:
+                        cursor.missed = True
                 cursor.fetch_end = 0  # lost or partly answered: ask again
                 self._pump(cursor, now)
             apply_events(beacon.tick(now), self.sub)
@@ -356,6 +364,7 @@ class _Actor:
         cursor.next = next_sequence
         cursor.fresh = next_sequence == 0 if jump is None else jump
         cursor.candidate = -1
+        cursor.missed = False
         cursor.credit = credit
         cursor.generation = generation
         cursor.fetch_end = 0
@@ -368,7 +377,12 @@ class _Actor:
             return
         cursor.credit += credit
         now = now_ms()
-        if cursor.fetch_end > cursor.next and cursor.fetch_until > now and cursor.credit > 0:
+        if (
+            cursor.fetch_end > cursor.next
+            and cursor.fetch_until > now
+            and cursor.credit > 0
+            and not cursor.fresh  # its answers must all be from `next`: the jump's proof
+        ):
             self._extend(cursor, now)
         else:
             self._pump(cursor, now)

@@ -185,18 +185,38 @@ def test_a_jump_to_the_oldest_kept_record_delivers_the_held_ones_after_it(
     reader: Reader, test_peer: TestPeer, owner: Owner
 ) -> None:
     """From 0 with `jump`: the stores kept only 5 and later (retention). Live 7 is held;
-    the stores answer 5 and 6 to the FETCH for 0; once its time is up the cursor jumps
-    to 5, fetches the gap before 7, and delivers 5, 6, 7."""
+    the stores answer 5 and 6 to the FETCH for 0, and again when it is asked again; once
+    the second one's time is up too, the cursor jumps to 5, fetches the gap before 7,
+    and delivers 5, 6, 7."""
     start(reader, test_peer, credit=100, jump=True)
     live(test_peer, 7)
-    fetch = test_peer.recv_id(proto.FETCH, WAIT)
-    assert fetch.sequence == 0
-    answer(test_peer, reader, 5, 6)
+    for _ in range(2):
+        fetch = test_peer.recv_id(proto.FETCH, WAIT)
+        assert fetch.sequence == 0
+        answer(test_peer, reader, 5, 6)
     expect_fetch(test_peer, 5, 2)
     answer(test_peer, reader, 5, 6)
     assert owner.records(3) == [record(5), record(6), record(7)]
     live(test_peer, 8)
     assert owner.records(1) == [record(8)]
+
+
+@pytest.mark.usefixtures("quick_retry")
+def test_a_cursor_that_may_jump_asks_again_when_its_first_fetch_is_lost(
+    reader: Reader, test_peer: TestPeer, owner: Owner
+) -> None:
+    """A group restarts at its commit (30) with `jump` (for a commit retention passed),
+    and the FETCH for 30.. is lost. Later records answered meanwhile are no proof that 30
+    is gone: the reader asks for 30 again, and sends no FETCH past the first while it
+    may jump (whose answers would look like the oldest kept). A jump took 34, answered
+    to a grant's FETCH past the first, for the oldest kept: 30..33 were skipped."""
+    reader.start(CURSOR, "hello", test_peer.address, 30, 4, 1, head=99, jump=True)
+    expect_fetch(test_peer, 30, 4)
+    reader.grant(CURSOR, 4)
+    answer(test_peer, reader, 34, 35)  # a store that keeps less, answering the FETCH
+    expect_fetch(test_peer, 30, 8)  # asked again: the grant's credit with it
+    answer(test_peer, reader, *range(30, 38))
+    assert owner.records(8) == [record(seq) for seq in range(30, 38)]
 
 
 def test_credit_granted_during_a_fetch_is_fetched_at_once_past_it(
