@@ -813,20 +813,21 @@ class DafkaEngine(Engine):
             await self._write_commits(entries)
 
     async def _write_commits(self, entries: list[tuple[str, str, int, int]]) -> None:
+        await self._write_commit_record(self.offsets.encode(entries), len(entries))
+
+    async def _write_commit_record(self, record: bytes, entries: int) -> None:
         writer = self.writer(OFFSETS_TOPIC, self.settings.node)
         try:
-            position = writer.submit([self.offsets.encode(entries)])
+            position = writer.submit([record])
         except EngineError as error:
-            self.stats.incr(Stats.COMMIT_ERRORS, len(entries))
+            self.stats.incr(Stats.COMMIT_ERRORS, entries)
             log.warning("offset commit failed", error=str(error))
             return
         if await self.wait_durable(writer, position, self.settings.start_timeout):
-            self.stats.incr(Stats.COMMITTED, len(entries))
+            self.stats.incr(Stats.COMMITTED, entries)
         else:
-            self.stats.incr(Stats.COMMIT_ERRORS, len(entries))
-            log.warning(
-                "offset commit not acknowledged by the stores in time", entries=len(entries)
-            )
+            self.stats.incr(Stats.COMMIT_ERRORS, entries)
+            log.warning("offset commit not acknowledged by the stores in time", entries=entries)
 
     async def wait_durable(self, writer: PartitionWriter, position: int, timeout: float) -> bool:
         """Wait until `writer`'s records below `position` are durable (as `acks` says)."""
@@ -853,9 +854,9 @@ class DafkaEngine(Engine):
 
     async def _snapshot_every(self, interval: float) -> None:
         while True:
-            entries = self.offsets.all()
+            entries = len(self.offsets.all())
             if entries:
-                await self._write_commits(entries)
+                await self._write_commit_record(self.offsets.snapshot(), entries)
             await asyncio.sleep(interval)
 
     def where(self) -> str:

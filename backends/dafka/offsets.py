@@ -54,6 +54,14 @@ class CommitLog:
             rows.append([group, topic, partition, offset, now])
         return json.dumps(rows, separators=(",", ":")).encode()
 
+    def snapshot(self) -> bytes:
+        """One record of every entry, each with the time it was committed: this gateway
+        also holds the entries of other gateways' groups that it read at start and does
+        not follow since, and stamped now they overrode those gateways' later commits at
+        their next load (a group rewound to where it was at this gateway's start)."""
+        rows = [[g, t, p, o, when] for (g, t, p), (o, when) in self._offsets.items()]
+        return json.dumps(rows, separators=(",", ":")).encode()
+
     def apply(self, content: bytes) -> None:
         try:
             rows = json.loads(content)

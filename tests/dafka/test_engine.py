@@ -120,6 +120,40 @@ def test_restart_resumes_offsets_and_commits(network: Config) -> None:
     run(body())
 
 
+def test_another_gateways_snapshot_does_not_rewind_a_groups_commit(network: Config) -> None:
+    """Two gateways (nodes 0 and 1) on one network. Group g is read on gateway B and
+    commits 2, then 10. Gateway A read g's 2 at its start and does not follow it since;
+    its periodic snapshot of every offset it holds wrote g@2 stamped with the time of the
+    snapshot, and the latest time wins at a load: B restarted resumed g at 2. A snapshot
+    keeps each entry's own commit time."""
+
+    async def body() -> None:
+        async with engine_on(network, partitions=1, node=1) as b:
+            producer = b.producer("s1")
+            producer.produce_many("t", None, [b"%d" % i for i in range(10)])
+            assert await producer.flush(WAIT) == 0
+            member = await b.consumer("g", "c1", ["t"], {})
+            await take(member, 2)
+            await b.commit_now()
+            async with engine_on(network, partitions=1, snapshot_interval=0.2) as a:
+                assert a.offsets.committed("g", "t") == {1: 2}  # read at its start
+                await take(member, 8)
+                await b.commit_now()
+                assert b.offsets.committed("g", "t") == {1: 10}
+                snapshots = a.stats.get(Stats.COMMITTED)
+                # Two more snapshots: the second one written after B's commit of 10.
+                await wait_until_async(
+                    lambda: a.stats.get(Stats.COMMITTED) >= snapshots + 2,
+                    WAIT,
+                    "two snapshots of gateway A",
+                )
+            await member.close()
+        async with engine_on(network, partitions=1, node=1) as again:
+            assert again.offsets.committed("g", "t") == {1: 10}, "g's commit rewound"
+
+    run(body())
+
+
 def test_rebalance_redelivers_unacked_records(network: Config) -> None:
     async def body() -> None:
         async with engine_on(network, partitions=1) as engine:
