@@ -16,6 +16,13 @@ and queues the offset; the worker stores queued offsets before each poll slice (
 POLL_SLICE later), at once when it is idle, before a revoke hands partitions over, and
 before close commits.
 
+With `enable.auto.offset.store` on (librdkafka's default, or a client's BLPOP settings),
+librdkafka would store the offset of every record a batch fetched, handed out or not,
+and commit past records no client ever got. The consumer is made with it off, and the
+offset of each record is stored as it is handed out, as Rafka's one poll per BLPOP
+stored it; an ack is then refused as librdkafka refuses it (`Local: Invalid argument or
+configuration`).
+
 Records are fetched in batches into a per-consumer buffer, and `next()` serves them on
 the event loop without a thread hop; it goes to the worker only when the buffer is empty
 or stale. So librdkafka is still called only while a `next()` waits for it (or a
@@ -34,7 +41,7 @@ import asyncio
 import collections
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -72,6 +79,10 @@ MAX_BATCH = 1_000_000  # confluent-kafka's limit for consume(num_messages)
 CLOSED = "Consumer closed"
 # librdkafka's refusal of an offset store for a partition not assigned (ERR__STATE).
 NOT_OWNED = str(KafkaError(KafkaError._STATE).str())
+# What librdkafka answers a store of offsets when it stores them itself.
+AUTO_STORED = str(KafkaError(KafkaError._INVALID_ARG).str())
+# The values librdkafka takes for a boolean's true (rdkafka_conf.c).
+_TRUE = frozenset({"true", "t", "1"})
 # Errors that resolve themselves or are plain information (spec §4.5, §15.2).
 TRANSIENT = frozenset(
     {
@@ -118,6 +129,8 @@ class KafkaConsumer(Consumer):
         # wins, as with store_offsets). Filled by ack(), drained by the worker; the lock.
         self._acks: dict[Partition, int] = {}
         self._store_queued = False  # a _store_acks job is waiting for the worker
+        # The client asked librdkafka to store offsets itself: stored as handed out.
+        self._auto_store = False
         self._closing = False
         self._close_task: asyncio.Task[None] | None = None
         # Called once after close, e.g. for the engine to forget this consumer.
@@ -151,6 +164,9 @@ class KafkaConsumer(Consumer):
 
     def _open_blocking(self, config: dict[str, Any], topics: list[str]) -> None:
         config["on_commit"] = self._on_commit
+        if str(config.get("enable.auto.offset.store", "true")).lower() in _TRUE:
+            config["enable.auto.offset.store"] = "false"  # stored as handed out instead
+            self._auto_store = True
         consumer = RdConsumer(config)
         try:
             consumer.subscribe(
@@ -249,7 +265,10 @@ class KafkaConsumer(Consumer):
         if not taken:
             return []
         self._stats.incr(Stats.CONSUMED, taken)
-        return pieces[0] if len(pieces) == 1 else RecordBatch.joined(pieces)
+        batch = pieces[0] if len(pieces) == 1 else RecordBatch.joined(pieces)
+        if self._auto_store:
+            self._queue_stores(zip(batch.topics, batch.partitions, batch.offsets, strict=True))
+        return batch
 
     def _take(self) -> Record | _Failure | None:
         with self._lock:
@@ -271,6 +290,8 @@ class KafkaConsumer(Consumer):
         if isinstance(item, _Failure):
             raise ConsumeError(item.text)
         self._stats.incr(Stats.CONSUMED)
+        if self._auto_store:
+            self._queue_stores([(item.topic, item.partition, item.offset)])
         return item
 
     def _fill(self, deadline: float | None, abandon: threading.Event) -> None:
@@ -414,16 +435,26 @@ class KafkaConsumer(Consumer):
             TopicPartition(topic, partition, offset + 1)
         except (OverflowError, ValueError, TypeError) as exc:
             raise AckError(str(exc)) from None
+        if self._auto_store:
+            raise AckError(AUTO_STORED)
+        self._queue_stores([(topic, partition, offset)], owned=True)
+        self._stats.incr(Stats.ACKED)
+
+    def _queue_stores(self, records: Iterable[tuple[str, int, int]], owned: bool = False) -> None:
+        """Queue `offset + 1` of each (topic, partition, offset) for the worker to store
+        (the last of a partition wins); with `owned`, refuse a partition that is not
+        this member's (checked under the lock a revoke takes to disown it)."""
         with self._lock:
-            if (topic, partition) not in self._owned:
-                # Never or no longer this member's: librdkafka refuses it so (ERR__STATE).
-                raise AckError(NOT_OWNED)
-            self._acks[(topic, partition)] = offset + 1
+            acks = self._acks
+            for topic, partition, offset in records:
+                if owned and (topic, partition) not in self._owned:
+                    # Never or no longer this member's: librdkafka refuses it so (ERR__STATE).
+                    raise AckError(NOT_OWNED)
+                acks[(topic, partition)] = offset + 1
             queue = not self._store_queued
             self._store_queued = True
         if queue:  # runs at once when the worker is idle, after the fetch in flight if not
             self._executor.submit(self._store_acks)
-        self._stats.incr(Stats.ACKED)
 
     def _store_acks(self) -> None:
         """Worker: hand the queued acks to librdkafka, which commits them (periodically,

@@ -140,3 +140,34 @@ async def test_an_ack_with_no_next_in_flight_is_committed_without_another_call(
             interval=0.2,
         )
         await consumer.close()
+
+
+@asyncio_test
+async def test_with_auto_offset_store_only_records_handed_out_are_committed(
+    tansu: TansuBroker,
+) -> None:
+    """`enable.auto.offset.store` on (librdkafka's default when a configuration leaves
+    it out; here a client's BLPOP settings): as with Rafka's one poll per BLPOP, the
+    offsets stored are those of the records handed out, and an ack is refused as
+    librdkafka refuses it (spec §2.4). librdkafka stored every record a batch fetched:
+    handing out 1 of 10 and closing committed 10, and the 9 others were never
+    delivered to anyone; the ack was answered :1 and refused later, in a log line."""
+    topic = tansu.create_topic(1)
+    group = new_group()
+    values = [f"v{n}".encode() for n in range(10)]
+    async with running_engine(tansu.bootstrap) as engine:
+        producer = engine.producer("s")
+        producer.produce_many(topic, None, values)
+        assert await producer.flush(WAIT) == 0
+        first = await engine.consumer(group, "c1", [topic], {"enable.auto.offset.store": True})
+        [served] = await consume(first, 1)
+        assert served.value == b"v0" and first.buffered == 9, "one fetch brought them all"
+        with pytest.raises(AckError, match=r"^Local: Invalid argument or configuration$"):
+            first.ack(served.topic, served.partition, served.offset)
+        await first.close()
+        assert await asyncio.to_thread(committed, tansu.bootstrap, group, topic) == 1
+        second = await engine.consumer(group, "c2", [topic], {})
+        rest = await consume(second, 9)
+        assert [r.value for r in rest] == values[1:]
+        await second.close()
+        await producer.close(1)
