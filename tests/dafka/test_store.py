@@ -139,6 +139,42 @@ def test_fetch_below_the_tail_answers_from_the_tail(
             assert fresh.storage.tail(b"trimmed", partition) == 7
 
 
+def test_a_store_back_after_the_others_retention_passed_its_head_goes_on_from_their_tail(
+    store_config: Config, tower: Tower, test_peer: TestPeer, tmp_path: Path
+) -> None:
+    """Store A holds 0..4 and is down while store B takes 5..19 and its retention keeps
+    17..19. Back, A asks for 5; B answers from its oldest record, and nobody has 5..16
+    any more. After two retry intervals of that, A goes on from B's oldest, as a store
+    that holds nothing of the partition starts there. It used to ask for 5 for ever and
+    drop every later record of the partition: its head stayed at 4."""
+    a_config = other_db(store_config, tmp_path, "a")
+    a_config.set("store/fetch_retry_interval", 200)
+    b_config = other_db(store_config, tmp_path, "b")
+    b_config.set("store/topics/lag/retention/bytes", 30)  # the newest 3 records of 10 bytes
+    b_config.set("store/retention/check_interval", 20)
+    partition = test_peer.address.encode()
+    contents = [b"%010d" % i for i in range(21)]
+    with linked_store(b_config, test_peer, sentinel=True) as b:
+        with linked_store(a_config, test_peer, nth=2) as a:
+            store_records(test_peer, "lag", contents[:5])
+            wait_until(lambda: a.storage.head(b"lag", partition) == 4, 5, "A to hold 0..4")
+        for seq in range(5, 20):  # A is down: the producer writes on, B keeps the newest
+            test_peer.send_record("lag", seq, contents[seq])
+        recv_until_ack(test_peer, "lag", 19)
+        wait_until(lambda: b.storage.tail(b"lag", partition) == 17, 5, "B to keep 17..19")
+        with linked_store(a_config, test_peer, nth=3) as a:
+            test_peer.send_head("lag", 19)  # the producer's HEAD (it holds nothing)
+            test_peer.send_record("lag", 20, contents[20])  # and new records go on
+            wait_until(
+                lambda: a.storage.head(b"lag", partition) == 20,
+                10,
+                "A to go on from B's oldest record to the newest",
+            )
+            kept = [seq for seq, _ in a.storage.records(b"lag", partition)]
+            assert kept[:5] == [0, 1, 2, 3, 4] and kept[-1] == 20
+            assert kept[5] in (17, 18), f"A went on from {kept[5]}, B's oldest is 17 or 18"
+
+
 # --- restart, retention ---------------------------------------------------------------------
 
 
