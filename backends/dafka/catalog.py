@@ -22,8 +22,8 @@ Who reads it:
   a topic is the catalog's when the topic was created (over `dafka.partitions` and
   `dafka.topic_partitions`); a deletion forgets the topic's committed offsets.
 - Our stores apply each entry when they store it (`store/writer.py`): `retention.ms` /
-  `retention.bytes` override the store's retention for the topic; a deletion drops every
-  record of the topic. C stores keep the records and ignore the catalog.
+  `retention.bytes` override the store's retention for the topic; a deletion drops the
+  topic's records up to its heads. C stores keep the records and ignore the catalog.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple, cast
 
@@ -365,24 +365,41 @@ class Storage:
         batch: WriteBatch,
         subject: bytes,
         states: dict[bytes, PartitionState],
+        through: Mapping[bytes, int],
         written_ms: int,
     ) -> None:
-        """Stage the deletion of every record of ``subject`` (its ``M`` and ``T`` keys).
+        """Stage the deletion of the records of ``subject`` that a deletion saw: of each
+        partition of ``states`` (partition -> its head and byte total, records staged in
+        ``batch`` included), those up to ``through[partition]`` (the head the deleting
+        tool saw). Records past it, and the partitions it did not see, were written after
+        the deletion and stay (they bring the topic back: ``catalog.is_gone``); deleting
+        them lost records a store had acknowledged (a store back-filling the topic's
+        newest records before the deletion, or a record written while the tool read the
+        heads).
 
-        The head keys stay, and each partition of ``states`` (partition -> its current
-        head and byte total) keeps a base index entry at its head, as ``trim`` leaves
-        one: a partition written again continues after its head (offsets are never
-        reused, and the other stores' copies of the deleted records are never fetched
-        back), and its retained size counts only what comes after.
+        The head keys stay, and each partition keeps a base index entry where its
+        deleted records end, as ``trim`` leaves one: a partition written again continues
+        after its head (offsets are never reused, and the other stores' copies of the
+        deleted records are never fetched back), and its retained size counts only what
+        comes after. Where records stay, that entry's total leaves out only the kept
+        records already written (not those staged in ``batch``): retention may keep a
+        little more than its bound, never less.
         """
-        for kind in (b"M", b"T"):
-            prefix = kind + subject + b"\0"
-            batch.delete_range(prefix, _next_prefix(prefix))
         for partition, state in states.items():
-            batch.put(
-                index_key(subject, partition, state.head),
-                _TIME_INDEX.pack(written_ms, state.total),
-            )
+            cut = through.get(partition, -1)
+            if cut < 0:
+                continue
+            mprefix = partition_prefix(b"M", subject, partition)
+            tprefix = partition_prefix(b"T", subject, partition)
+            if cut >= state.head:
+                batch.delete_range(mprefix, _next_prefix(mprefix))
+                batch.delete_range(tprefix, _next_prefix(tprefix))
+                batch.put(tprefix + pack_seq(state.head), _TIME_INDEX.pack(written_ms, state.total))
+                continue
+            kept = sum(len(content) for _, content in self._records(mprefix, cut + 1, state.head))
+            batch.delete_range(mprefix, mprefix + pack_seq(cut + 1))
+            batch.delete_range(tprefix, tprefix + pack_seq(cut + 1))
+            batch.put(tprefix + pack_seq(cut), _TIME_INDEX.pack(written_ms, state.total - kept))
 
     def partition_states(self, subject: bytes) -> dict[bytes, PartitionState]:
         """Head and byte total of every stored partition of ``subject``."""
@@ -399,7 +416,8 @@ class Storage:
         own batch instead, so that records it holds in memory are covered too."""
         states = self.partition_states(subject)
         batch = self.new_batch()
-        self.stage_delete_topic(batch, subject, states, written_ms)
+        every = {partition: state.head for partition, state in states.items()}
+        self.stage_delete_topic(batch, subject, states, every, written_ms)
         self.commit(batch)
         self.compact_topic(subject)
         return len(states)

@@ -6,16 +6,19 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import zmq
 
 from backends.dafka.catalog import TOPICS_TOPIC, Catalog, TopicEntry, created, deleted
 from backends.dafka.config import Config
 from backends.dafka.storage import Retention, Storage, partition_keys
+from backends.dafka.store import Store
 from backends.dafka.store.retention import RetentionPolicy
 from backends.dafka.test_peer import TestPeer
 from backends.dafka.tower import Tower
 from tests.dafka.stores import (
     direct_records_of,
     linked_store,
+    other_db,
     recv_until_ack,
     store_records,
 )
@@ -129,3 +132,58 @@ def test_storage_delete_topic_and_retention_after_it(tmp_path: Path) -> None:
         storage.commit(batch)
         assert storage.trim(b"t", b"p", 6, Retention(bytes=20), 4000) == 1
         assert storage.tail(b"t", b"p") == 5
+
+
+def test_a_deletion_keeps_the_records_written_after_it_and_retention_counts_them(
+    tmp_path: Path,
+) -> None:
+    """The deletion saw partition p at head 3: records 4..6 came after it (the topic is
+    back) and stay, whatever order they are stored in; the size retention then counts
+    those only. A partition the deletion did not see keeps its records too."""
+    with Storage(tmp_path / "db") as storage:
+        batch = storage.new_batch()
+        for seq in range(7):
+            batch.put(b"Mt\0p\0" + seq.to_bytes(8, "big"), b"0123456789")
+        batch.put(b"Mt\0q\0" + (0).to_bytes(8, "big"), b"unseen")
+        storage.stage_partition(batch, partition_keys(b"t", b"p"), 6, 70, 1000)
+        storage.stage_partition(batch, partition_keys(b"t", b"q"), 0, 6, 1000)
+        storage.commit(batch)
+        batch = storage.new_batch()
+        states = storage.partition_states(b"t")
+        storage.stage_delete_topic(batch, b"t", states, {b"p": 3}, 2000)
+        storage.commit(batch)
+        assert [seq for seq, _ in storage.records(b"t", b"p")] == [4, 5, 6]
+        assert list(storage.records(b"t", b"q")) == [(0, b"unseen")]
+        assert storage.head(b"t", b"p") == 6
+        # 30 bytes kept: a bound of 20 drops one record, of 30 none.
+        assert storage.trim(b"t", b"p", 6, Retention(bytes=30), 3000) == 0
+        assert storage.trim(b"t", b"p", 6, Retention(bytes=20), 3000) == 1
+        assert storage.tail(b"t", b"p") == 5
+
+
+def test_a_store_back_filling_a_deleted_topic_keeps_what_was_written_after_it(
+    store_config: Config, tower: Tower, test_peer: TestPeer, tmp_path: Path
+) -> None:
+    """Store B applied a deletion that saw "Orders" at head 4, then took 5..9. A new
+    store C back-fills from B: it may store 5..9 before the catalog's deletion (keys of
+    "Orders" sort before `__rafka_topics`). The deletion used to drop every record of
+    the topic there, 5..9 too: records B had acknowledged were gone from C."""
+    partition = test_peer.address.encode()
+    with linked_store(store_config, test_peer, sentinel=True) as b:
+        store_records(test_peer, "Orders", [b"old%d" % i for i in range(5)])
+        catalog_record(test_peer, 0, deleted("Orders", {test_peer.address: 4}))
+        for seq in range(5, 10):
+            test_peer.send_record("Orders", seq, b"new%d" % seq)
+        recv_until_ack(test_peer, "Orders", 9)
+        kept = [(seq, b"new%d" % seq) for seq in range(5, 10)]
+        assert list(b.storage.records(b"Orders", partition)) == kept
+        with Store(other_db(store_config, tmp_path, "c"), zmq.Context.instance()) as c:
+            wait_until(
+                lambda: (
+                    c.storage.head(TOPICS_TOPIC.encode(), partition) == 0
+                    and c.storage.head(b"Orders", partition) == 9
+                ),
+                10,
+                "store C to back-fill the catalog and the topic from B",
+            )
+            assert list(c.storage.records(b"Orders", partition)) == kept

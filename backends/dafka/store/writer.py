@@ -9,7 +9,8 @@ highest sequence stored.  ACKs go out only after the write returned.
 The topic catalog (`catalog.py`, records of `__rafka_topics` written by `rafka-topics`):
 the writer applies each entry in the batch that stores it. A topic's `retention.ms` /
 `retention.bytes` override the retention settings for it (`retention.py`); a deletion
-drops every record of the topic in the same atomic write (head keys stay: see
+drops the records of the topic up to the heads it names in the same atomic write (head
+keys stay, and records written after the deletion too: see
 `Storage.stage_delete_topic`). The catalog itself is kept forever unless
 `store/topics/__rafka_topics/retention/...` says otherwise.
 
@@ -361,7 +362,8 @@ class Writer(StoreActor):
         for part in self.partitions.values():
             if part.subject_b == subject and part.head != _NONE:
                 states[part.partition_b] = PartitionState(part.head, part.total)
-        self.storage.stage_delete_topic(batch, subject, states, wall_ms())
+        through = {address.encode(): head for address, head in entry.heads.items()}
+        self.storage.stage_delete_topic(batch, subject, states, through, wall_ms())
         self.deleted.append((subject, len(states)))
 
     def _fetch_gap(self, part: _Partition, known: int) -> None:
