@@ -211,7 +211,9 @@ class DafkaEngine(Engine):
         # writer_this_pass); cleared by any catalog change.
         self._writers_fixed: dict[tuple[str, bytes | None], PartitionWriter] = {}
         self._writers_pass = -1
-        self._writer_node = WriterNode(lambda: self.dafka_config, self._not_a_writer_peer)
+        self._writer_node = WriterNode(
+            lambda: self.dafka_config, self._not_a_writer_peer, self._actor_stopped_thread
+        )
         self.handover = Handover(
             self.progress, stats, self.send_took, self._note_stored, self.published
         )
@@ -446,6 +448,13 @@ class DafkaEngine(Engine):
         for writer in list(self._writers.values()):
             writer.fail_if_on(dead)
         return True
+
+    def _actor_stopped_thread(self) -> None:
+        """On a writers' actor's thread as it ends: its writers fail now, on the loop, so
+        that a DUMP waiting for their records returns (they failed only at their next
+        record, and the DUMP waited its whole timeout)."""
+        with contextlib.suppress(RuntimeError):  # the loop is closed: the engine stopped
+            self._loop.call_soon_threadsafe(self.fail_stranded_writers)
 
     def running_publisher(self) -> Publisher | None:
         """That actor if it runs now, without waiting (loop thread)."""

@@ -57,12 +57,17 @@ class WriterNode:
     fail with it; the engine replaces a failed writer at its next record)."""
 
     def __init__(
-        self, config: Callable[[], Config], ignore_peers: Callable[[str], bool] = is_own_address
+        self,
+        config: Callable[[], Config],
+        ignore_peers: Callable[[str], bool] = is_own_address,
+        on_stopped: Callable[[], None] | None = None,
     ) -> None:
         """`ignore_peers(address)`: the nodes the actor does not connect to, none of
-        which sends ACK or FETCH (by default other gateways' writers)."""
+        which sends ACK or FETCH (by default other gateways' writers). `on_stopped()`:
+        on an actor's thread once it stopped (see `Publisher`)."""
         self._config = config
         self._ignore_peers = ignore_peers
+        self._on_stopped = on_stopped
         self._lock = threading.Lock()
         self._publisher: Publisher | None = None
         self._closed = False
@@ -94,7 +99,10 @@ class WriterNode:
                 address = publisher_address()
                 self._addresses.add(address)
                 publisher = self._publisher = Publisher(
-                    self._config(), address=address, ignore_peers=self._ignore_peers
+                    self._config(),
+                    address=address,
+                    ignore_peers=self._ignore_peers,
+                    on_stopped=self._on_stopped,
                 )
                 self._unreported.append(publisher)
             return publisher

@@ -251,13 +251,16 @@ class Publisher(Actor):
         *,
         address: str | None = None,
         ignore_peers: Callable[[str], bool] | None = None,
+        on_stopped: Callable[[], None] | None = None,
     ) -> None:
         """`address`: the uuid the beacon announces (a new one by default).
         `ignore_peers(address)` True: a peer this actor does not connect to, one known to
-        send no ACK or FETCH (e.g. other gateways' publishers)."""
+        send no ACK or FETCH (e.g. other gateways' publishers). `on_stopped()` runs on
+        the actor's thread once its loop ended (closed, or dead of an error)."""
         if address is not None:
             check_address(address)
         self._ignore_peers = ignore_peers
+        self._on_stopped = on_stopped
         self._terminate_unacked = config.get_int("producer/terminate_unacked", 0) == 1
         self._head_interval = max(1, config.get_int("producer/head_interval", 1000))
         self._hwm = config.get_int("producer/high_watermark", 1_000_000)
@@ -398,6 +401,8 @@ class Publisher(Actor):
             # actor; publish() now refuses instead of queueing records nobody will send.
             self._failed = True
         self._left = self.unacked_count()
+        if self._on_stopped is not None:
+            self._on_stopped()
 
     def _take(self) -> tuple[list[Partition], list[Partition]]:
         """The partitions opened and the partitions flagged since the last call."""

@@ -5,6 +5,7 @@ partition, and a replacement actor when the shared one is gone. A real store and
 
 from __future__ import annotations
 
+import asyncio
 import threading
 
 import pytest
@@ -171,6 +172,32 @@ def test_delivery_errors_count_every_record_a_dead_actor_held(
             producer.produce("errs", None, b"refused")  # the hand-over fails the writer
             assert await producer.flush(WAIT) == 2
             assert engine.stats.get(Stats.DELIVERY_ERRORS) - before == 2
+
+    run(body())
+
+
+def test_dump_returns_once_the_actor_holding_its_records_is_gone(
+    dafka_config: Config, store: Store
+) -> None:
+    """The writers' actor stops with a record of the session not acknowledged: its
+    writers fail at once (the actor's thread says so to the loop as it ends), and a
+    DUMP waiting for the record returns it as not delivered. They failed only at their
+    next record, or a full queue: the DUMP waited its whole timeout (3 s here)."""
+
+    async def body() -> None:
+        async with engine_on(dafka_config, partitions=1) as engine:
+            producer = engine.producer("s1")
+            producer.produce("gone", None, b"x")
+            assert await producer.flush(WAIT) == 0
+            store.close()  # no ACK from now on
+            producer.produce("gone", None, b"y")
+            engine._writers[("gone", 0)].publish_pending()
+            engine.publisher().close(0)  # stands for the actor's death, as above
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            assert await producer.flush(3.0) == 1
+            waited = loop.time() - started
+            assert waited < 1.5, f"DUMP waited {waited:.1f} s for records no actor holds"
 
     run(body())
 
@@ -355,7 +382,9 @@ def test_a_writer_failing_mid_pass_costs_only_its_own_records(
     """One pass hands records to a dead actor (writers opened before it died) and to its
     replacement (a writer opened after): the dead one's writer fails and its records
     count as not durable; the other writer's records are stored, in order. (The actor's
-    death is stood for by closing it behind the engine's back, as above.)"""
+    death is stood for by closing it behind the engine's back, as above; and its notice
+    to the loop, which fails its writers at once, is held back: the actor dying in the
+    pass that hands records to it, before the notice comes, is what this stands for.)"""
 
     async def body() -> None:
         async with engine_on(dafka_config, partitions=1) as engine:
@@ -363,6 +392,7 @@ def test_a_writer_failing_mid_pass_costs_only_its_own_records(
             producer.produce("mid-old", None, b"kept")
             assert await producer.flush(WAIT) == 0
             gone = engine.publisher()
+            gone._on_stopped = None  # the notice, held back
             gone.close(0)
             producer.produce("mid-new", None, b"new-0")  # a new writer, on a new actor
             assert await producer.flush(WAIT) == 0
