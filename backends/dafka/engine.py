@@ -232,6 +232,8 @@ class DafkaEngine(Engine):
         self._members: set[Member] = set()
         self._progress: asyncio.Future[None] | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        # Asking the stores for every head after a writers' actor stopped (refresh_heads).
+        self._heads_refresh: asyncio.Task[None] | None = None
         # How long the stores' answers to one request may take to arrive in full.
         self.settle = 0.1
 
@@ -330,6 +332,8 @@ class DafkaEngine(Engine):
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self._heads_refresh is not None:
+            await asyncio.wait([self._heads_refresh])  # bounded by the metadata timeout
         await asyncio.gather(*(member.close() for member in list(self._members)))
         with contextlib.suppress(EngineError):
             await self.commit_now()
@@ -448,6 +452,30 @@ class DafkaEngine(Engine):
         for writer in list(self._writers.values()):
             writer.fail_if_on(dead)
         return True
+
+    def refresh_heads(self) -> None:
+        """A writers' actor stopped: records it sent may be stored with their ACKs lost,
+        so the stores' heads known here may be behind. Ask the stores for every head again,
+        once for all the writers failing now: a writer opened before the answers came
+        would write at offsets the stores hold and take their ACKs for its own records'
+        (DUMP confirmed records that no store held)."""
+        if self.stopped:
+            return  # no writer opens any more
+        if self._heads_refresh is None or self._heads_refresh.done():
+            self._heads_refresh = self._loop.create_task(self._refresh_heads())
+
+    def heads_refreshing(self) -> asyncio.Task[None] | None:
+        """The refresh of `refresh_heads` while it runs: new writers open after it."""
+        task = self._heads_refresh
+        return None if task is None or task.done() else task
+
+    async def _refresh_heads(self) -> None:
+        try:
+            await asyncio.to_thread(
+                self.observer.refresh, self._network.stores, self._metadata_timeout
+            )
+        except NotSettled as error:
+            log.warning("heads not refreshed after the writers' actor stopped", error=str(error))
 
     def _actor_stopped_thread(self) -> None:
         """On a writers' actor's thread as it ends: its writers fail now, on the loop, so

@@ -10,6 +10,7 @@ the cycle back.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Protocol
 
 from backends.base import Stats
@@ -77,3 +78,5 @@ class ProducingEngine(Protocol):
 
     def writer_failed(self, topic: str, address: str) -> None: ...
     def fail_stranded_writers(self) -> bool: ...
+    def refresh_heads(self) -> None: ...
+    def heads_refreshing(self) -> asyncio.Task[None] | None: ...

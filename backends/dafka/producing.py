@@ -295,13 +295,14 @@ class PartitionWriter:
         # within one produce burst over 1,000 topics of 4 partitions).
         self.ready: asyncio.Future[None] = self.loop.create_future()
         publisher = engine.running_publisher()
-        if publisher is not None:
+        refreshing = engine.heads_refreshing()
+        if publisher is not None and refreshing is None:
             # Refused (the actor died just now, ...): off the loop as a first writer, which
             # makes a new actor or fails the writer the way a writer fails.
             with contextlib.suppress(Exception):
                 self._producer = self._open(publisher)
         if self._producer is None:
-            self.ready = self.loop.create_task(self._start())
+            self.ready = self.loop.create_task(self._start(refreshing))
         else:
             self.ready.set_result(None)
 
@@ -358,8 +359,10 @@ class PartitionWriter:
         if not self.internal:
             self._handover.unacked -= self.submitted - self.acked
 
-    async def _start(self) -> None:
+    async def _start(self, refreshing: asyncio.Task[None] | None) -> None:
         engine = self._engine
+        if refreshing is not None:  # the stores' heads first: see DafkaEngine.refresh_heads
+            await asyncio.wait([refreshing])
         try:
             self._producer = await asyncio.to_thread(lambda: self._open(engine.publisher()))
         except Exception as error:
@@ -406,6 +409,7 @@ class PartitionWriter:
         handed to it before as well as those it refused now (loop thread)."""
         if self.failed is not None:
             return  # failed already (a conflict): counted then
+        self._engine.refresh_heads()  # before its replacement opens
         lost = self.submitted - self.acked
         self._set_failed(f"Local: Transport failure: {error}")
         log.error("partition writer failed", topic=self.topic, error=str(error))

@@ -18,7 +18,7 @@ from backends.dafka.producing import FORGET_AT_LEAST
 from backends.dafka.publisher import Publisher
 from backends.dafka.store import Store
 from tests.dafka.test_engine import WAIT, engine_on, run, take
-from tests.support.waiting import wait_until
+from tests.support.waiting import wait_until, wait_until_async
 
 TOPICS = 300
 # Rounds of 100 records from each of two sessions: more than FORGET_AT_LEAST in all.
@@ -198,6 +198,40 @@ def test_dump_returns_once_the_actor_holding_its_records_is_gone(
             assert await producer.flush(3.0) == 1
             waited = loop.time() - started
             assert waited < 1.5, f"DUMP waited {waited:.1f} s for records no actor holds"
+
+    run(body())
+
+
+def stored(store: Store, topic: str) -> list[bytes]:
+    """What `store` holds of partition 0 of `topic` (written by this gateway)."""
+    address = own_address(topic, 0).encode()
+    return [content for _, content in store.storage.records(topic.encode(), address)]
+
+
+def test_a_writer_replacing_one_whose_actor_died_starts_after_what_the_stores_hold(
+    dafka_config: Config, store: Store
+) -> None:
+    """The actor dies right after sending r1: the store keeps r1, but its ACK never
+    reaches the gateway, so the heads known here say 0. The next writer of the partition
+    asks the stores for their heads first and writes r2 at 2. It opened at 1, the store
+    dropped r2 there (it holds r1) and ACKed 1, which the writer took for r2's: DUMP
+    returned 0 for a record no store held."""
+
+    async def body() -> None:
+        async with engine_on(dafka_config, partitions=1) as engine:
+            producer = engine.producer("s1")
+            producer.produce("reuse", None, b"r0")
+            assert await producer.flush(WAIT) == 0
+            producer.produce("reuse", None, b"r1")
+            old = engine._writers[("reuse", 0)]
+            old.publish_pending()  # on the wire now ...
+            engine.publisher().close(0)  # ... and the actor gone before any ACK
+            wait_until(lambda: stored(store, "reuse") == [b"r0", b"r1"], WAIT, "r1 stored")
+            assert engine.observer.stored_head("reuse", own_address("reuse", 0)) == 0
+            await wait_until_async(lambda: old.failed, WAIT, "the dead actor's writer to fail")
+            producer.produce("reuse", None, b"r2")  # a new writer, on a new actor
+            assert await producer.flush(WAIT) == 1, "r1, never acknowledged to us"
+            assert stored(store, "reuse") == [b"r0", b"r1", b"r2"]
 
     run(body())
 
