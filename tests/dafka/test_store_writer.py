@@ -9,12 +9,17 @@ from __future__ import annotations
 
 import time
 import uuid
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from backends.dafka import proto
+from backends.dafka.beacon import now_ms
 from backends.dafka.config import Config
+from backends.dafka.fetch_filter import FetchFilter
 from backends.dafka.proto import Message
+from backends.dafka.storage import Storage, partition_keys
 from backends.dafka.store import Store
 from backends.dafka.store import writer as writer_module
 from backends.dafka.test_peer import TestPeer
@@ -273,3 +278,83 @@ def test_reader_ignores_its_own_writers_heads_requests(linked: TestPeer, store: 
     # The reader handles requests in order: an answer to its writer would come first.
     msg = linked.recv_id(proto.DIRECT_HEAD)
     assert msg.topic == requester.encode(), "the reader answered its own writer"
+
+
+# --- going on from the other stores' oldest record ------------------------------------------
+
+_UUID = "writer-a"
+_PARTITION = "producer-p"
+
+
+def _stand_in_writer(storage: Storage) -> tuple[writer_module.Writer, list[list[bytes]]]:
+    """A writer without its actor thread or sockets, and the inbox its batches take
+    FETCH answers from: two stores answering in an order that real sockets cannot be
+    made to keep (a stand-in, for this algorithm alone; the sockets are tested above)."""
+    w = writer_module.Writer.__new__(writer_module.Writer)
+    w.retry_interval = 1000
+    w.retry_timeout = 60_000
+    w.heads_interval = 0
+    w.reader_uuid = "reader-a"
+    w.filter = FetchFilter()
+    w.partitions = {}
+    w.by_frame = {}
+    w.gapped = set()
+    w.deleted = []
+    w.storage = storage
+    w.store = SimpleNamespace(push=SimpleNamespace(watching=False))  # type: ignore[assignment]
+    w.uuid = _UUID
+    w.verbose = False
+    w.pub = SimpleNamespace(send=lambda *frame: None, send_multipart=lambda frames: None)  # type: ignore[assignment]
+    w.send_direct = lambda *frame: None
+    inbox: list[list[bytes]] = []
+
+    def receive(asked: int) -> list[list[bytes]]:
+        taken = inbox[:asked]
+        del inbox[:asked]
+        return taken
+
+    w.receive_direct = receive
+    w.receive_live = lambda asked: []
+    return w, inbox
+
+
+def _answers(*seqs: int) -> list[list[bytes]]:
+    encoder = proto.RecordEncoder(_UUID, _PARTITION, "t", proto.DIRECT_RECORD)
+    return [encoder.encode(seq, b"%010d" % seq) for seq in seqs]
+
+
+@pytest.mark.parametrize("slow_store", [True, False], ids=["a slower store answers", "none"])
+def test_the_writer_goes_on_from_a_later_answer_only_after_an_interval_without_progress(
+    tmp_path: Path, slow_store: bool
+) -> None:
+    """The writer holds 0..4 and asks for 5. Store B, which keeps only 17..19, answers at
+    once. When store C, which keeps everything, answers late and in parts (B's answers
+    to the next FETCH among them), every record is stored: while records come, no proof
+    5..16 are gone (the first version took B's oldest at the second retry, each later
+    answer hiding the progress, and dropped C's 8..16). When nobody else answers, the
+    writer goes on from 17 after a whole retry interval without progress."""
+    partition = _PARTITION.encode()
+    with Storage(tmp_path / "db") as storage:
+        batch = storage.new_batch()
+        for seq in range(5):
+            batch.put(b"Mt\0" + partition + b"\0" + seq.to_bytes(8, "big"), b"%010d" % seq)
+        storage.stage_partition(batch, partition_keys(b"t", partition), 4, 50, 1)
+        storage.commit(batch)
+        writer, inbox = _stand_in_writer(storage)
+        second = now_ms()  # the retries' clock: the writer's own, moved on by hand
+        inbox += _answers(17, 18, 19)  # B, at once
+        writer._batch()
+        writer._retry(second)  # C has not answered yet
+        if slow_store:
+            inbox += _answers(5, 6, 7) + _answers(17, 18, 19)  # C's first part, then B
+            writer._batch()
+        writer._retry(second + 1000)
+        if slow_store:
+            inbox += _answers(*range(8, 20))  # the rest of C's answer
+        else:
+            writer._retry(second + 2000)  # no answer at all: the FETCH of 17 goes out
+            inbox += _answers(17, 18, 19)  # B answers it
+        writer._batch()
+        stored = [seq for seq, _ in storage.records(b"t", partition)]
+        expected = list(range(20)) if slow_store else [0, 1, 2, 3, 4, 17, 18, 19]
+        assert stored == expected

@@ -20,8 +20,8 @@ Fixes and additions over C: a FETCH retry timer while a partition has a known ga
 the gap again), so back-fill does not wait for more traffic; malformed messages are
 dropped; a DIRECT_RECORD with sequence s > 0 for a partition it has nothing of is the
 partition's start (the other stores' oldest retained record), and for a partition it
-holds, one past its head that stays the lowest answer for two retry intervals without
-head + 1 coming is where the partition goes on (the records between are gone from every
+holds, one past its head that stays the lowest answer for a whole retry interval in
+which nothing is stored is where the partition goes on (the records between are gone from every
 store that answered: it was down while their retention passed its head); a producer HEAD
 at or below
 the stored head is answered with ACK(stored head) at once, so a lost ACK does not leave
@@ -74,6 +74,7 @@ class _Partition:
         "head_keys",
         "key_prefix",
         "oldest",
+        "oldest_at",
         "oldest_seen",
         "partition",
         "partition_b",
@@ -96,10 +97,11 @@ class _Partition:
         self.gap = _NONE  # highest sequence known to exist beyond head (retry target)
         self.retry_head = _NONE  # head when the retry timer last saw progress …
         self.retry_since = 0  # … and when (now_ms clock)
-        # The lowest sequence past head + 1 that a FETCH answer brought since the last
-        # progress (the answering stores' oldest record), and whether a retry has
-        # already seen it so.
+        # The lowest sequence past head + 1 that a FETCH answer brought (the answering
+        # stores' oldest record), the head when it came (a record stored since, from a
+        # slower store that keeps more, ends it), and whether a retry has seen it so.
         self.oldest = _NONE
+        self.oldest_at = _NONE
         self.oldest_seen = False
         self.saved: tuple[int, int] | None = None  # (head, total) before this batch
         self.key_prefix = partition_prefix(b"M", self.subject_b, self.partition_b)
@@ -280,8 +282,11 @@ class Writer(StoreActor):
                 if part.catalog:
                     self._on_catalog(batch, content)
             elif seq > head:
-                if mid != record_id and (part.oldest == _NONE or seq < part.oldest):
-                    part.oldest = seq  # an answer past our head + 1: `_retry` judges it
+                if mid != record_id:  # an answer past our head + 1: `_retry` judges it
+                    if part.oldest_at != head:
+                        part.oldest, part.oldest_at, part.oldest_seen = seq, head, False
+                    elif seq < part.oldest:
+                        part.oldest = seq
                 self._fetch_gap(part, seq)
 
         def take(receive: ReceiveMany, taken: int, until: int) -> int:
@@ -391,9 +396,10 @@ class Writer(StoreActor):
             if part.head != part.retry_head:
                 part.retry_head = part.head
                 part.retry_since = now
-                part.oldest, part.oldest_seen = _NONE, False
-            elif part.oldest > part.head + 1:
-                if part.oldest_seen:
+            if part.oldest != _NONE:
+                if part.head != part.oldest_at:  # stored records since: no proof
+                    part.oldest, part.oldest_at = _NONE, _NONE
+                elif part.oldest_seen:
                     self._go_on_from_oldest(part, now)
                 else:
                     part.oldest_seen = True  # one lost FETCH, or a slow store, is no proof
@@ -404,11 +410,12 @@ class Writer(StoreActor):
                 self._fetch(part, now)
 
     def _go_on_from_oldest(self, part: _Partition, now: int) -> None:
-        """For two retry intervals the stores answered FETCH(head + 1) from a later record
-        and nobody sent head + 1: they no longer keep the records between (retention
-        passed our head while we were down). Go on from their oldest, as a store that
-        holds nothing of the partition starts at it; it used to ask for head + 1 for ever
-        and drop every later record of the partition."""
+        """For a whole retry interval (from one retry to the next, at least) the stores
+        answered FETCH(head + 1) from a later record, and no record was stored: they no
+        longer keep the records between (retention passed our head while we were down).
+        Go on from their oldest, as a store that holds nothing of the partition starts at
+        it; it used to ask for head + 1 for ever and drop every later record of the
+        partition."""
         log.warning(
             "records gone from every store that answered; the partition goes on from the "
             "oldest they keep",
@@ -419,7 +426,7 @@ class Writer(StoreActor):
         )
         part.head = part.oldest - 1  # the next record stored writes the head key
         part.retry_head, part.retry_since = part.head, now
-        part.oldest, part.oldest_seen = _NONE, False
+        part.oldest, part.oldest_at = _NONE, _NONE
 
     def _commit(self, batch: WriteBatch, touched: dict[_Partition, None]) -> None:
         written = wall_ms()
