@@ -89,10 +89,11 @@ class _Cursor:
         self.next = 0
         self.credit = 0
         self.fresh = False  # may jump to the stores' oldest record (retention)
-        # With `fresh`: the lowest later record the stores answered with. Taken (a jump)
-        # only when the FETCH's time is up without the record asked for: a late answer
-        # to another FETCH is never older than the oldest record kept, so the lowest one
-        # seen is the stores' oldest.
+        # With `fresh`: the lowest later record the stores answered this cursor's FETCH
+        # with (not another cursor's: `_Partition.asked`). Taken (a jump) only when two
+        # FETCHes in a row timed out with such answers and not the record asked for
+        # (`missed`): no FETCH goes past the first meanwhile, so the lowest is the oldest
+        # record the answering stores keep.
         self.candidate = -1
         # A FETCH from `next` timed out with later records answered: the next one doing
         # so makes the jump (one lost FETCH, or one store slower than another that keeps
@@ -106,13 +107,27 @@ class _Cursor:
 
 
 class _Partition:
-    __slots__ = ("address", "cursors", "head", "subject")
+    __slots__ = ("address", "asked", "cursors", "head", "subject")
 
     def __init__(self, subject: str, address: str) -> None:
         self.subject = subject
         self.address = address
         self.head = -1
         self.cursors: dict[Hashable, _Cursor] = {}
+        # The FETCHes of its cursors lately: (cursor key, first, end, ms until which
+        # answers to it may still come). All the cursors of a reader share its address,
+        # so a FETCH's answers reach every cursor of the partition: another one's answers
+        # are no sign that the stores keep nothing before them (a group restarting at
+        # its commit took another group's answers for that, and skipped records that
+        # every store kept).
+        self.asked: list[tuple[Hashable, int, int, int]] = []
+
+    def asked_by_another(self, key: Hashable, seq: int) -> bool:
+        now = now_ms()
+        return any(
+            other != key and first <= seq < end and until >= now
+            for other, first, end, until in self.asked
+        )
 
 
 class Reader(Node):
@@ -293,7 +308,8 @@ class _Actor:
                         if cursor.next in cursor.held:
                             self._deliver(cursor, cursor.next, cursor.held.pop(cursor.next))
                     else:
-                        cursor.missed = True
+                        # The next FETCH must bring later records of its own.
+                        cursor.missed, cursor.candidate = True, -1
                 cursor.fetch_end = 0  # lost or partly answered: ask again
                 self._pump(cursor, now)
             apply_events(beacon.tick(now), self.sub)
@@ -522,7 +538,7 @@ class _Actor:
                 self.fetching.discard(cursor)
             elif seq > cursor.next:
                 if direct:
-                    if cursor.fresh:
+                    if cursor.fresh and not part.asked_by_another(cursor.key, seq):
                         candidate = cursor.candidate
                         cursor.candidate = seq if candidate < 0 else min(candidate, seq)
                 elif seq < cursor.next + cursor.credit:
@@ -618,6 +634,10 @@ class _Actor:
         )
         cursor.fetch_end = start + count
         cursor.fetch_until = now + self.retry
+        asked = part.asked  # see _Partition.asked
+        if asked and asked[0][3] < now:
+            asked[:] = [entry for entry in asked if entry[3] >= now]
+        asked.append((cursor.key, start, start + count, now + 2 * self.retry))
         self.fetching.add(cursor)
 
     def _hello(self, reader: bytes) -> None:

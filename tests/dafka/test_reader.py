@@ -219,6 +219,47 @@ def test_a_cursor_that_may_jump_asks_again_when_its_first_fetch_is_lost(
     assert owner.records(8) == [record(seq) for seq in range(30, 38)]
 
 
+@pytest.mark.usefixtures("quick_retry")
+def test_a_second_fetch_that_brought_nothing_is_no_proof_either(
+    reader: Reader, test_peer: TestPeer, owner: Owner
+) -> None:
+    """A store that keeps less answers the first FETCH for 30 with 34, 35; the second
+    FETCH is lost (nobody answers it). Only one FETCH brought later records: the cursor
+    asks for 30 again (the first one's answers counted for the second too)."""
+    reader.start(CURSOR, "hello", test_peer.address, 30, 4, 1, head=99, jump=True)
+    expect_fetch(test_peer, 30, 4)
+    answer(test_peer, reader, 34, 35)
+    expect_fetch(test_peer, 30, 4)  # lost: nobody answers it
+    expect_fetch(test_peer, 30, 4)
+
+
+@pytest.mark.usefixtures("quick_retry")
+def test_another_cursors_answers_are_no_proof_that_a_record_is_gone(
+    reader: Reader, test_peer: TestPeer, owner: Owner
+) -> None:
+    """Two groups of this gateway read the partition: OTHER from 35, CURSOR restarting at
+    its commit 30 with `jump`. The stores keep everything, but answer CURSOR late, and
+    OTHER's FETCH meanwhile (twice, two stores): those answers reach every cursor of the
+    reader, and CURSOR took them for the stores' oldest, jumped to 35 and skipped 30..34.
+    It asks for 30 again and again (six retry intervals watched), then gets them."""
+    reader.start(OTHER, "hello", test_peer.address, 35, 10, 1, head=99, jump=False)
+    reader.start(CURSOR, "hello", test_peer.address, 30, 4, 1, head=99, jump=True)
+    fetches = {test_peer.recv_id(proto.FETCH, WAIT).sequence for _ in range(2)}
+    assert fetches == {30, 35}
+    answer(test_peer, reader, *range(35, 45))  # OTHER's answer, from one store
+    assert test_peer.recv_id(proto.FETCH, WAIT).sequence == 30  # CURSOR's, asked again
+    answer(test_peer, reader, *range(35, 45))  # from a second store
+    asked = [test_peer.recv_id(proto.FETCH, WAIT).sequence for _ in range(6)]
+    assert set(asked) == {30}, f"CURSOR jumped over 30..34 that every store keeps: {asked}"
+    answer(test_peer, reader, 30, 31, 32, 33)
+    delivered: list[int] = []  # CURSOR's (OTHER's 35..44 are in the queue too)
+    while len(delivered) < 4:
+        event = owner.events.get(timeout=WAIT)
+        if event[0] == "record" and event[1] == CURSOR:
+            delivered.append(event[2])
+    assert delivered == [30, 31, 32, 33]
+
+
 def test_credit_granted_during_a_fetch_is_fetched_at_once_past_it(
     reader: Reader, test_peer: TestPeer, owner: Owner
 ) -> None:
