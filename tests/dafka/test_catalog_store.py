@@ -187,3 +187,21 @@ def test_a_store_back_filling_a_deleted_topic_keeps_what_was_written_after_it(
                 "store C to back-fill the catalog and the topic from B",
             )
             assert list(c.storage.records(b"Orders", partition)) == kept
+
+
+def test_a_store_behind_a_deletion_goes_on_after_it(
+    store_config: Config, tower: Tower, test_peer: TestPeer
+) -> None:
+    """The store holds "Orders" 0..1 when it stores a deletion that saw the partition at
+    head 4 (it missed 2..4). It goes on after the deletion's head: 3, offered again by a
+    store that keeps the deleted records (a C store, or one that has not stored the
+    entry yet), is not taken back; 5 is stored. Its head stayed at 1, and 2..4 came back."""
+    partition = test_peer.address.encode()
+    with linked_store(store_config, test_peer, sentinel=True) as store:
+        store_records(test_peer, "Orders", [b"old0", b"old1"])
+        catalog_record(test_peer, 0, deleted("Orders", {test_peer.address: 4}))
+        assert store.storage.head(b"Orders", partition) == 4
+        test_peer.send_record("Orders", 3, b"old3")
+        test_peer.send_record("Orders", 5, b"new5")
+        assert recv_until_ack(test_peer, "Orders", 5)[-1] == 5
+        assert list(store.storage.records(b"Orders", partition)) == [(5, b"new5")]

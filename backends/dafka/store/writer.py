@@ -368,7 +368,16 @@ class Writer(StoreActor):
             if part.subject_b == subject and part.head != _NONE:
                 states[part.partition_b] = PartitionState(part.head, part.total)
         through = {address.encode(): head for address, head in entry.heads.items()}
-        self.storage.stage_delete_topic(batch, subject, states, through, wall_ms())
+        written = wall_ms()
+        self.storage.stage_delete_topic(batch, subject, states, through, written)
+        for address, head in entry.heads.items():
+            part = self._partition(entry.topic, address)
+            if part.head < head:
+                # Behind the deletion (down while it ran, or never had the partition):
+                # go on after it, or its deleted records would be fetched back from a
+                # store that keeps them (C's, or one that has not stored the entry yet).
+                part.head = head
+                self.storage.stage_partition(batch, part.head_keys, head, part.total, written)
         self.deleted.append((subject, len(states)))
 
     def _fetch_gap(self, part: _Partition, known: int) -> None:
