@@ -41,7 +41,7 @@ import asyncio
 import collections
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -240,6 +240,7 @@ class KafkaConsumer(Consumer):
         failure: _Failure | None = None
         pieces: list[RecordBatch] = []
         taken = 0
+        store = False
         with self._lock:
             buffer = self._buffer
             while buffer and taken < limit:
@@ -260,15 +261,24 @@ class KafkaConsumer(Consumer):
                 else:
                     self._head = end
             self._count -= taken
+            if self._auto_store and taken:
+                # Under the lock a revoke takes to store what was handed out before it.
+                last = {
+                    (topic, partition): offset
+                    for piece in pieces
+                    for topic, partition, offset in zip(
+                        piece.topics, piece.partitions, piece.offsets, strict=True
+                    )
+                }
+                store = self._stage_stores(last)
+        if store:
+            self._executor.submit(self._store_acks)
         if failure is not None:
             raise ConsumeError(failure.text)
         if not taken:
             return []
         self._stats.incr(Stats.CONSUMED, taken)
-        batch = pieces[0] if len(pieces) == 1 else RecordBatch.joined(pieces)
-        if self._auto_store:
-            self._queue_stores(zip(batch.topics, batch.partitions, batch.offsets, strict=True))
-        return batch
+        return pieces[0] if len(pieces) == 1 else RecordBatch.joined(pieces)
 
     def _take(self) -> Record | _Failure | None:
         with self._lock:
@@ -284,14 +294,17 @@ class KafkaConsumer(Consumer):
             if self._head == len(segment):
                 self._buffer.popleft()
                 self._head = 0
-            return record
+            if not self._auto_store:
+                return record
+            store = self._stage_stores({(record.topic, record.partition): record.offset})
+        if store:
+            self._executor.submit(self._store_acks)
+        return record
 
     def _hand_out(self, item: Record | _Failure) -> Record:
         if isinstance(item, _Failure):
             raise ConsumeError(item.text)
         self._stats.incr(Stats.CONSUMED)
-        if self._auto_store:
-            self._queue_stores([(item.topic, item.partition, item.offset)])
         return item
 
     def _fill(self, deadline: float | None, abandon: threading.Event) -> None:
@@ -437,24 +450,26 @@ class KafkaConsumer(Consumer):
             raise AckError(str(exc)) from None
         if self._auto_store:
             raise AckError(AUTO_STORED)
-        self._queue_stores([(topic, partition, offset)], owned=True)
-        self._stats.incr(Stats.ACKED)
-
-    def _queue_stores(self, records: Iterable[tuple[str, int, int]], owned: bool = False) -> None:
-        """Queue `offset + 1` of each (topic, partition, offset) for the worker to store
-        (the last of a partition wins); with `owned`, refuse a partition that is not
-        this member's (checked under the lock a revoke takes to disown it)."""
         with self._lock:
-            acks = self._acks
-            for topic, partition, offset in records:
-                if owned and (topic, partition) not in self._owned:
-                    # Never or no longer this member's: librdkafka refuses it so (ERR__STATE).
-                    raise AckError(NOT_OWNED)
-                acks[(topic, partition)] = offset + 1
+            if (topic, partition) not in self._owned:
+                # Never or no longer this member's: librdkafka refuses it so (ERR__STATE).
+                raise AckError(NOT_OWNED)
+            self._acks[(topic, partition)] = offset + 1  # _stage_stores, inline: per ack
             queue = not self._store_queued
             self._store_queued = True
         if queue:  # runs at once when the worker is idle, after the fetch in flight if not
             self._executor.submit(self._store_acks)
+        self._stats.incr(Stats.ACKED)
+
+    def _stage_stores(self, offsets: Mapping[Partition, int]) -> bool:
+        """Under the lock: `offset + 1` of each partition for the worker to store (the
+        last wins); whether a `_store_acks` job must be submitted for them."""
+        for partition, offset in offsets.items():
+            self._acks[partition] = offset + 1
+        if self._store_queued:
+            return False
+        self._store_queued = True
+        return True
 
     def _store_acks(self) -> None:
         """Worker: hand the queued acks to librdkafka, which commits them (periodically,
