@@ -114,18 +114,20 @@ class _Partition:
         self.address = address
         self.head = -1
         self.cursors: dict[Hashable, _Cursor] = {}
-        # The FETCHes of its cursors lately: (cursor key, first, end, ms until which
-        # answers to it may still come). All the cursors of a reader share its address,
-        # so a FETCH's answers reach every cursor of the partition: another one's answers
-        # are no sign that the stores keep nothing before them (a group restarting at
-        # its commit took another group's answers for that, and skipped records that
-        # every store kept).
-        self.asked: list[tuple[Hashable, int, int, int]] = []
+        # The FETCHes of its cursors lately, oldest first: (cursor key, first, end, ms
+        # until which answers to it may still come). All the cursors of a reader share
+        # its address, so a FETCH's answers reach every cursor of the partition: an
+        # answer to another's FETCH from past a cursor's next record is no sign that the
+        # stores keep nothing before it (a group restarting at its commit took another
+        # group's answers for that, and skipped records that every store kept).
+        self.asked: collections.deque[tuple[Hashable, int, int, int]] = collections.deque()
 
-    def asked_by_another(self, key: Hashable, seq: int) -> bool:
+    def asked_by_another(self, key: Hashable, since: int, seq: int) -> bool:
+        """Whether `seq` may answer another cursor's FETCH from past `since` (this
+        cursor's next: one from at or below it proves the gap as well as its own)."""
         now = now_ms()
         return any(
-            other != key and first <= seq < end and until >= now
+            other != key and since < first <= seq < end and until >= now
             for other, first, end, until in self.asked
         )
 
@@ -538,7 +540,7 @@ class _Actor:
                 self.fetching.discard(cursor)
             elif seq > cursor.next:
                 if direct:
-                    if cursor.fresh and not part.asked_by_another(cursor.key, seq):
+                    if cursor.fresh and not part.asked_by_another(cursor.key, cursor.next, seq):
                         candidate = cursor.candidate
                         cursor.candidate = seq if candidate < 0 else min(candidate, seq)
                 elif seq < cursor.next + cursor.credit:
@@ -635,8 +637,8 @@ class _Actor:
         cursor.fetch_end = start + count
         cursor.fetch_until = now + self.retry
         asked = part.asked  # see _Partition.asked
-        if asked and asked[0][3] < now:
-            asked[:] = [entry for entry in asked if entry[3] >= now]
+        while asked and asked[0][3] < now:
+            asked.popleft()
         asked.append((cursor.key, start, start + count, now + 2 * self.retry))
         self.fetching.add(cursor)
 

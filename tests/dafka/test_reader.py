@@ -260,6 +260,28 @@ def test_another_cursors_answers_are_no_proof_that_a_record_is_gone(
     assert delivered == [30, 31, 32, 33]
 
 
+@pytest.mark.usefixtures("quick_retry")
+def test_two_cursors_from_0_on_a_trimmed_partition_both_jump(
+    reader: Reader, test_peer: TestPeer, owner: Owner
+) -> None:
+    """Two groups of this gateway start at 0 where retention took 0..4: the stores answer
+    every FETCH of 0 with 5 and 6. Each cursor's answers also reach the other, from a
+    FETCH at 0 as well, which proves the gap as well as its own: both jump to 5. (Taking
+    every answer within another cursor's FETCH for no proof, neither ever jumped.)"""
+    reader.start(CURSOR, "hello", test_peer.address, 0, 100, 1, head=6)
+    reader.start(OTHER, "hello", test_peer.address, 0, 100, 1, head=6)
+    delivered: dict[object, list[int]] = {CURSOR: [], OTHER: []}
+    for _ in range(6):  # two FETCHes each before the jump, one each after
+        fetch = test_peer.recv_id(proto.FETCH, WAIT)
+        assert fetch.sequence in (0, 5), f"FETCH from {fetch.sequence}"
+        answer(test_peer, reader, 5, 6)  # a store keeping 5 and 6 answers from its oldest
+    while len(delivered[CURSOR]) + len(delivered[OTHER]) < 4:
+        event = owner.events.get(timeout=WAIT)
+        if event[0] == "record":
+            delivered[event[1]].append(event[2])
+    assert delivered == {CURSOR: [5, 6], OTHER: [5, 6]}
+
+
 def test_credit_granted_during_a_fetch_is_fetched_at_once_past_it(
     reader: Reader, test_peer: TestPeer, owner: Owner
 ) -> None:
