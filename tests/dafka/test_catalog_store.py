@@ -3,10 +3,12 @@ stores it: per-topic retention overrides, and deletion of a topic's records."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
 import zmq
+from rocksdict import WriteBatch
 
 from backends.dafka.catalog import TOPICS_TOPIC, Catalog, TopicEntry, created, deleted
 from backends.dafka.config import Config
@@ -205,3 +207,34 @@ def test_a_store_behind_a_deletion_goes_on_after_it(
         test_peer.send_record("Orders", 5, b"new5")
         assert recv_until_ack(test_peer, "Orders", 5)[-1] == 5
         assert list(store.storage.records(b"Orders", partition)) == [(5, b"new5")]
+
+
+def test_a_deletion_whose_write_failed_still_raises_the_head_once_stored(
+    store_config: Config, tower: Tower, test_peer: TestPeer
+) -> None:
+    """As above, but the first write of the deletion's batch fails (a stand-in for a full
+    disk: the only failure here that cannot be provoked for real). Nothing of that batch
+    is written, the head's raise included; the entry stored again raises it in the
+    database. The raise used to stay in memory only: applied again, it found the head
+    raised already, and the database kept head 1 (2..4 came back after a restart)."""
+    partition = test_peer.address.encode()
+    with linked_store(store_config, test_peer, sentinel=True) as store:
+        store_records(test_peer, "Orders", [b"old0", b"old1"])
+        storage = store.storage
+        write = storage.commit
+        failed = threading.Event()
+
+        def failing_once(batch: WriteBatch) -> None:
+            if not failed.is_set():
+                failed.set()
+                raise OSError("No space left on device")
+            write(batch)
+
+        storage.commit = failing_once  # type: ignore[method-assign]
+        entry = deleted("Orders", {test_peer.address: 4})
+        test_peer.send_record(TOPICS_TOPIC, 0, entry.encode())
+        assert failed.wait(5), "the deletion's batch was never written"
+        test_peer.send_record(TOPICS_TOPIC, 0, entry.encode())  # stored this time
+        recv_until_ack(test_peer, TOPICS_TOPIC, 0)
+        assert list(storage.records(b"Orders", partition)) == []
+        assert storage.head(b"Orders", partition) == 4

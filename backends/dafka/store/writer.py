@@ -280,7 +280,7 @@ class Writer(StoreActor):
                 part.head = seq
                 part.total += len(content)
                 if part.catalog:
-                    self._on_catalog(batch, content)
+                    self._on_catalog(batch, content, touched)
             elif seq > head:
                 if mid != record_id:  # an answer past our head + 1: `_retry` judges it
                     if part.oldest_at != head:
@@ -354,8 +354,11 @@ class Writer(StoreActor):
             # is staged in this batch, the batch's own ACK covers it.)
             self.send_direct(part.ack_prefix + _PACK_SEQ(part.head))
 
-    def _on_catalog(self, batch: WriteBatch, content: bytes) -> None:
-        """A topic catalog record is being stored: apply it in the same batch."""
+    def _on_catalog(
+        self, batch: WriteBatch, content: bytes, touched: dict[_Partition, None]
+    ) -> None:
+        """A topic catalog record is being stored: apply it in the same batch (whose
+        partitions staged so far are `touched`)."""
         entry = self.store.catalog.apply(content, again=True)
         if entry is None:
             return
@@ -368,16 +371,18 @@ class Writer(StoreActor):
             if part.subject_b == subject and part.head != _NONE:
                 states[part.partition_b] = PartitionState(part.head, part.total)
         through = {address.encode(): head for address, head in entry.heads.items()}
-        written = wall_ms()
-        self.storage.stage_delete_topic(batch, subject, states, through, written)
+        self.storage.stage_delete_topic(batch, subject, states, through, wall_ms())
         for address, head in entry.heads.items():
             part = self._partition(entry.topic, address)
             if part.head < head:
                 # Behind the deletion (down while it ran, or never had the partition):
                 # go on after it, or its deleted records would be fetched back from a
                 # store that keeps them (C's, or one that has not stored the entry yet).
+                # Staged with the batch, and undone with it if its write fails.
+                if part.saved is None:
+                    part.saved = (part.head, part.total)
+                    touched[part] = None
                 part.head = head
-                self.storage.stage_partition(batch, part.head_keys, head, part.total, written)
         self.deleted.append((subject, len(states)))
 
     def _fetch_gap(self, part: _Partition, known: int) -> None:
