@@ -81,6 +81,7 @@ class _Cursor:
         "missed",
         "next",
         "part",
+        "proven",
     )
 
     def __init__(self, key: Hashable, part: _Partition) -> None:
@@ -89,15 +90,16 @@ class _Cursor:
         self.next = 0
         self.credit = 0
         self.fresh = False  # may jump to the stores' oldest record (retention)
-        # With `fresh`: the lowest later record the stores answered this cursor's FETCH
-        # with (not another cursor's: `_Partition.asked`). Taken (a jump) only when two
-        # FETCHes in a row timed out with such answers and not the record asked for
-        # (`missed`): no FETCH goes past the first meanwhile, so the lowest is the oldest
-        # record the answering stores keep.
+        # With `fresh`: the lowest later record the stores answered with since the FETCH
+        # went out, and whether one of those answers can only be to a FETCH from at or
+        # below `next` (`proven`: the others may answer another cursor's FETCH from past
+        # it, `_Partition.asked`). Taken (a jump) only when two FETCHes in a row timed
+        # out so, without the record asked for (`missed`): no FETCH goes past the first
+        # meanwhile, so the lowest is the oldest record the answering stores keep.
         self.candidate = -1
-        # A FETCH from `next` timed out with later records answered: the next one doing
-        # so makes the jump (one lost FETCH, or one store slower than another that keeps
-        # less, is no proof that the record asked for is gone).
+        self.proven = False
+        # The FETCH before timed out so: the next one doing so makes the jump (one lost
+        # FETCH, or one store slower than another that keeps less, is no proof).
         self.missed = False
         self.generation = 0
         self.fetch_end = 0  # a FETCH asked for records up to here (exclusive)
@@ -303,15 +305,16 @@ class _Actor:
             for topic in self.heads.due(now):
                 self._send(proto.Message(proto.GET_HEADS, topic.encode(), address=self.uuid))
             for cursor in [c for c in self.fetching if c.fetch_until <= now]:
-                if cursor.fresh and cursor.candidate > cursor.next:
-                    if cursor.missed:
+                if cursor.fresh:
+                    if cursor.candidate > cursor.next and cursor.proven and cursor.missed:
                         # What was asked for is gone (retention): start at the oldest kept.
-                        cursor.next, cursor.fresh, cursor.candidate = cursor.candidate, False, -1
+                        cursor.next, cursor.fresh = cursor.candidate, False
                         if cursor.next in cursor.held:
                             self._deliver(cursor, cursor.next, cursor.held.pop(cursor.next))
                     else:
-                        # The next FETCH must bring later records of its own.
-                        cursor.missed, cursor.candidate = True, -1
+                        cursor.missed = cursor.candidate > cursor.next and cursor.proven
+                    # The next FETCH must bring later records of its own.
+                    cursor.candidate, cursor.proven = -1, False
                 cursor.fetch_end = 0  # lost or partly answered: ask again
                 self._pump(cursor, now)
             apply_events(beacon.tick(now), self.sub)
@@ -382,7 +385,7 @@ class _Actor:
         cursor.next = next_sequence
         cursor.fresh = next_sequence == 0 if jump is None else jump
         cursor.candidate = -1
-        cursor.missed = False
+        cursor.proven = cursor.missed = False
         cursor.credit = credit
         cursor.generation = generation
         cursor.fetch_end = 0
@@ -540,9 +543,11 @@ class _Actor:
                 self.fetching.discard(cursor)
             elif seq > cursor.next:
                 if direct:
-                    if cursor.fresh and not part.asked_by_another(cursor.key, cursor.next, seq):
+                    if cursor.fresh:
                         candidate = cursor.candidate
                         cursor.candidate = seq if candidate < 0 else min(candidate, seq)
+                        if not cursor.proven:
+                            cursor.proven = not part.asked_by_another(cursor.key, cursor.next, seq)
                 elif seq < cursor.next + cursor.credit:
                     cursor.held[seq] = content
                 if not moved:

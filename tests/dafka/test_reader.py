@@ -282,6 +282,32 @@ def test_two_cursors_from_0_on_a_trimmed_partition_both_jump(
     assert delivered == {CURSOR: [5, 6], OTHER: [5, 6]}
 
 
+@pytest.mark.usefixtures("quick_retry")
+def test_a_jump_goes_to_the_lowest_answer_even_when_another_cursor_asked_for_it(
+    reader: Reader, test_peer: TestPeer, owner: Owner
+) -> None:
+    """Retention took 0..4. Another cursor reads one record from 5 (as rafka-topics'
+    `First` looks up the oldest) while this one, at 0, may jump: the stores answer both
+    from 5. 5 may answer the other's FETCH, 6 cannot: the jump goes to 5, the lowest
+    answer. Leaving out every answer within the other's FETCH made it go to 6, and a
+    describe said the topic began at 6."""
+    reader.start(OTHER, "hello", test_peer.address, 5, 1, 1, head=6, jump=False)
+    assert test_peer.recv_id(proto.FETCH, WAIT).sequence == 5
+    answer(test_peer, reader, 5)
+    reader.start(CURSOR, "hello", test_peer.address, 0, 1, 1, head=6, jump=True)
+    for _ in range(2):
+        assert test_peer.recv_id(proto.FETCH, WAIT).sequence == 0
+        answer(test_peer, reader, 5, 6)
+    expect_fetch(test_peer, 5, 1)
+    answer(test_peer, reader, 5)
+    delivered: list[int] = []
+    while not delivered:
+        event = owner.events.get(timeout=WAIT)
+        if event[0] == "record" and event[1] == CURSOR:
+            delivered.append(event[2])
+    assert delivered == [5]
+
+
 def test_credit_granted_during_a_fetch_is_fetched_at_once_past_it(
     reader: Reader, test_peer: TestPeer, owner: Owner
 ) -> None:
