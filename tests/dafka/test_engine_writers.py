@@ -11,8 +11,9 @@ import threading
 import pytest
 import zmq
 
-from backends.base import ProduceError, Stats
+from backends.base import ProduceError, Producer, Stats
 from backends.dafka.config import Config
+from backends.dafka.engine import DafkaEngine
 from backends.dafka.partitions import make_partitioner, own_address
 from backends.dafka.producing import FORGET_AT_LEAST
 from backends.dafka.publisher import Publisher
@@ -103,6 +104,18 @@ def test_a_new_actor_takes_over_when_the_shared_one_is_gone(
     run(body())
 
 
+async def a_full_queue_on_a_dying_actor(engine: DafkaEngine) -> Producer:
+    """A session (queue_max_messages 2) whose first record of "stranded" is stored, then
+    two more fill the queue, and the writers' actor dies before the pass hands them over
+    (closed behind the engine's back, as the tests above stand for its death)."""
+    producer = engine.producer("s1")
+    producer.produce("stranded", None, b"kept")
+    assert await producer.flush(WAIT) == 0
+    producer.produce_many("stranded", None, [b"lost-1", b"lost-2"])  # the queue, full
+    engine.publisher().close(0)
+    return producer
+
+
 def test_records_stranded_on_a_dead_actor_give_back_the_queue_at_once(
     dafka_config: Config, store: Store
 ) -> None:
@@ -113,11 +126,7 @@ def test_records_stranded_on_a_dead_actor_give_back_the_queue_at_once(
 
     async def body() -> None:
         async with engine_on(dafka_config, partitions=1, queue_max_messages=2) as engine:
-            producer = engine.producer("s1")
-            producer.produce("stranded", None, b"kept")
-            assert await producer.flush(WAIT) == 0
-            producer.produce_many("stranded", None, [b"lost-1", b"lost-2"])  # the queue, full
-            engine.publisher().close(0)
+            producer = await a_full_queue_on_a_dying_actor(engine)
             producer.produce("elsewhere", None, b"taken")  # raised Queue full before
             assert await producer.flush(WAIT) == 2, "the two records the dead actor held"
             member = await engine.consumer("g", "c", ["stranded", "elsewhere"], {})
@@ -138,11 +147,7 @@ def test_a_full_queue_that_fails_a_dead_actors_writer_refuses_its_record(
 
     async def body() -> None:
         async with engine_on(dafka_config, partitions=1, queue_max_messages=2) as engine:
-            producer = engine.producer("s1")
-            producer.produce("stranded", None, b"kept")
-            assert await producer.flush(WAIT) == 0
-            producer.produce_many("stranded", None, [b"lost-1", b"lost-2"])  # the queue, full
-            engine.publisher().close(0)  # dies before the pass hands them over
+            producer = await a_full_queue_on_a_dying_actor(engine)
             with pytest.raises(ProduceError, match=r"^Local: Transport failure: "):
                 producer.produce("stranded", None, b"refused")
             assert await producer.flush(WAIT) == 2, "the two records the dead actor held"
@@ -150,6 +155,20 @@ def test_a_full_queue_that_fails_a_dead_actors_writer_refuses_its_record(
             assert await producer.flush(WAIT) == 2, "a and b stored; the lost two, still lost"
 
     run(body())
+
+
+async def a_record_on_a_dying_actor(engine: DafkaEngine, store: Store, topic: str) -> Producer:
+    """A session whose first record of `topic` is stored; then, no store answering any
+    more, its second is handed to the writers' actor, which dies (closed behind the
+    engine's back, as the tests above stand for its death)."""
+    producer = engine.producer("s1")
+    producer.produce(topic, None, b"kept")
+    assert await producer.flush(WAIT) == 0
+    store.close()  # no ACK from now on
+    producer.produce(topic, None, b"handed")
+    engine._writers[(topic, 0)].publish_pending()
+    engine.publisher().close(0)
+    return producer
 
 
 def test_delivery_errors_count_every_record_a_dead_actor_held(
@@ -161,13 +180,7 @@ def test_delivery_errors_count_every_record_a_dead_actor_held(
 
     async def body() -> None:
         async with engine_on(dafka_config, partitions=1) as engine:
-            producer = engine.producer("s1")
-            producer.produce("errs", None, b"kept")
-            assert await producer.flush(WAIT) == 0
-            store.close()  # no ACK from now on
-            producer.produce("errs", None, b"handed")
-            engine._writers[("errs", 0)].publish_pending()
-            engine.publisher().close(0)
+            producer = await a_record_on_a_dying_actor(engine, store, "errs")
             before = engine.stats.get(Stats.DELIVERY_ERRORS)
             producer.produce("errs", None, b"refused")  # the hand-over fails the writer
             assert await producer.flush(WAIT) == 2
@@ -186,13 +199,7 @@ def test_dump_returns_once_the_actor_holding_its_records_is_gone(
 
     async def body() -> None:
         async with engine_on(dafka_config, partitions=1) as engine:
-            producer = engine.producer("s1")
-            producer.produce("gone", None, b"x")
-            assert await producer.flush(WAIT) == 0
-            store.close()  # no ACK from now on
-            producer.produce("gone", None, b"y")
-            engine._writers[("gone", 0)].publish_pending()
-            engine.publisher().close(0)  # stands for the actor's death, as above
+            producer = await a_record_on_a_dying_actor(engine, store, "gone")
             loop = asyncio.get_running_loop()
             started = loop.time()
             assert await producer.flush(3.0) == 1
@@ -306,6 +313,18 @@ def test_dump_waits_for_every_topic_behind_a_failed_writer_and_counts_its_record
     run(body())
 
 
+def another_writer_stores(config: Config, topic: str, contents: list[bytes]) -> None:
+    """Another writer of this gateway's partition 0 of `topic` (a second gateway with the
+    same dafka.node, played by a Publisher of the test) stores `contents` from offset 1."""
+    other = Publisher(config, zmq.Context.instance())
+    try:
+        theirs = other.open(topic, address=own_address(topic, 0), first_sequence=1)
+        theirs.publish_many(contents)
+        wait_until(lambda: theirs.unacked_count() == 0, WAIT, "the other writer stored")
+    finally:
+        other.close(timeout=0)
+
+
 def test_a_partition_another_writer_wrote_to_refuses_records_and_dump_counts_them(
     dafka_config: Config, store: Store
 ) -> None:
@@ -320,13 +339,7 @@ def test_a_partition_another_writer_wrote_to_refuses_records_and_dump_counts_the
             producer = engine.producer("s1")
             producer.produce("shared", None, b"ours-0")
             assert await producer.flush(WAIT) == 0
-            other = Publisher(dafka_config, zmq.Context.instance())
-            try:
-                theirs = other.open("shared", address=own_address("shared", 0), first_sequence=1)
-                theirs.publish_many([b"theirs-1", b"theirs-2", b"theirs-3"])
-                wait_until(lambda: theirs.unacked_count() == 0, WAIT, "the other writer stored")
-            finally:
-                other.close(timeout=0)
+            another_writer_stores(dafka_config, "shared", [b"theirs-1", b"theirs-2", b"theirs-3"])
             producer.produce_many("shared", None, [b"ours-1", b"ours-2"])
             assert await producer.flush(WAIT) == 2, "records the store dropped were confirmed"
             # The offset named is the first ACK beyond what we sent: the store ACKs each
@@ -362,13 +375,7 @@ def test_after_a_conflict_dump_counts_only_the_records_no_store_acknowledged(
             producer.produce("shared", None, b"ours-0")
             writer = engine._writers[("shared", 0)]
             assert await engine.wait_durable(writer, 1, WAIT), "ours-0 stored"
-            other = Publisher(dafka_config, zmq.Context.instance())
-            try:
-                theirs = other.open("shared", address=own_address("shared", 0), first_sequence=1)
-                theirs.publish_many([b"theirs-1", b"theirs-2", b"theirs-3"])
-                wait_until(lambda: theirs.unacked_count() == 0, WAIT, "the other writer stored")
-            finally:
-                other.close(timeout=0)
+            another_writer_stores(dafka_config, "shared", [b"theirs-1", b"theirs-2", b"theirs-3"])
             producer.produce_many("shared", None, [b"ours-1", b"ours-2"])
             assert await producer.flush(WAIT) == 2, "only ours-1 and ours-2 are not stored"
             assert writer.failed is not None
