@@ -476,6 +476,8 @@ class DafkaEngine(Engine):
             )
         except NotSettled as error:
             log.warning("heads not refreshed after the writers' actor stopped", error=str(error))
+        except Exception:  # the observer closed meanwhile, ...: the writers open as they can
+            log.exception("heads not refreshed after the writers' actor stopped")
 
     def _actor_stopped_thread(self) -> None:
         """On a writers' actor's thread as it ends: its writers fail now, on the loop, so
