@@ -260,8 +260,7 @@ class Connection(asyncio.Protocol):
                     return
                 if command is None:
                     if parser.more:  # a step gave no command: the next in a later turn
-                        self._flow.run_later()
-                        self._loop.call_soon(self._resume)
+                        self._run_rest_later()
                     else:
                         self._flow.caught_up()
                     break
@@ -289,11 +288,8 @@ class Connection(asyncio.Protocol):
                     transport.write(b"".join(out))
                     out.clear()
                     counted = size = 0
-                    self._flow.run_later()  # read on once what came has run
-                    if not self._flow.write_paused:
-                        # Let the other connections in before running the rest.
-                        self._loop.call_soon(self._resume)
-                    break  # else the rest runs once the client reads (resume_writing)
+                    self._run_rest_later()
+                    break
             if out:
                 transport.write(b"".join(out))
         except Exception:
@@ -304,6 +300,15 @@ class Connection(asyncio.Protocol):
             self._end()
             return
         self._partial.parsed(parser.pending, completed)
+
+    def _run_rest_later(self) -> None:
+        """The commands received left to run: read nothing more until they have run (as
+        Redis runs a read before the next), and run them in the next turn of the loop,
+        so that the other connections get in first; or, if the client does not read our
+        replies, once it does (resume_writing)."""
+        self._flow.run_later()
+        if not self._flow.write_paused:
+            self._loop.call_soon(self._resume)
 
     def _resume(self) -> None:
         """Run the commands left in the parser when a batch of replies was written."""
