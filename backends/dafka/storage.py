@@ -386,16 +386,11 @@ class Storage:
         little more than its bound, never less.
         """
         for partition, state in states.items():
-            cut = through.get(partition, -1)
+            cut = min(through.get(partition, -1), state.head)  # all of it, at most
             if cut < 0:
                 continue
             mprefix = partition_prefix(b"M", subject, partition)
             tprefix = partition_prefix(b"T", subject, partition)
-            if cut >= state.head:
-                batch.delete_range(mprefix, _next_prefix(mprefix))
-                batch.delete_range(tprefix, _next_prefix(tprefix))
-                batch.put(tprefix + pack_seq(state.head), _TIME_INDEX.pack(written_ms, state.total))
-                continue
             kept = sum(len(content) for _, content in self._records(mprefix, cut + 1, state.head))
             batch.delete_range(mprefix, mprefix + pack_seq(cut + 1))
             batch.delete_range(tprefix, tprefix + pack_seq(cut + 1))
