@@ -893,9 +893,9 @@ class DafkaEngine(Engine):
 
     async def _snapshot_every(self, interval: float) -> None:
         while True:
-            entries = len(self.offsets.all())
+            record, entries = self.offsets.snapshot()
             if entries:
-                await self._write_commit_record(self.offsets.snapshot(), entries)
+                await self._write_commit_record(record, entries)
             await asyncio.sleep(interval)
 
     def where(self) -> str:

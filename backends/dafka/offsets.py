@@ -54,13 +54,14 @@ class CommitLog:
             rows.append([group, topic, partition, offset, now])
         return json.dumps(rows, separators=(",", ":")).encode()
 
-    def snapshot(self) -> bytes:
+    def snapshot(self) -> tuple[bytes, int]:
         """One record of every entry, each with the time it was committed: this gateway
         also holds the entries of other gateways' groups that it read at start and does
         not follow since, and stamped now they overrode those gateways' later commits at
-        their next load (a group rewound to where it was at this gateway's start)."""
+        their next load (a group rewound to where it was at this gateway's start); and
+        how many entries it holds."""
         rows = [[g, t, p, o, when] for (g, t, p), (o, when) in self._offsets.items()]
-        return json.dumps(rows, separators=(",", ":")).encode()
+        return json.dumps(rows, separators=(",", ":")).encode(), len(rows)
 
     def apply(self, content: bytes) -> None:
         try:
