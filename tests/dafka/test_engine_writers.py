@@ -215,17 +215,37 @@ def stored(store: Store, topic: str) -> list[bytes]:
     return [content for _, content in store.storage.records(topic.encode(), address)]
 
 
+# How long a held refresh of the heads waits for the new writer to open first: far longer
+# than a writer that does not wait for the refresh takes to open on a new actor.
+HELD_REFRESH = 2.0
+
+
+@pytest.mark.parametrize("refresh", ["prompt", "held"])
 def test_a_writer_replacing_one_whose_actor_died_starts_after_what_the_stores_hold(
-    dafka_config: Config, store: Store
+    dafka_config: Config, store: Store, refresh: str
 ) -> None:
     """The actor dies right after sending r1: the store keeps r1, but its ACK never
     reaches the gateway, so the heads known here say 0. The next writer of the partition
     asks the stores for their heads first and writes r2 at 2. It opened at 1, the store
     dropped r2 there (it holds r1) and ACKed 1, which the writer took for r2's: DUMP
-    returned 0 for a record no store held."""
+    returned 0 for a record no store held.
+    "held": the stores' answer to that question is held back (a stand-in for a slow
+    store: the observer's refresh waits) until the new writer has opened, or
+    HELD_REFRESH. A new writer must wait for it: one that opened meanwhile would open at
+    1 again (the first version of the fix was proved only by "prompt", where the new
+    actor's start took longer than the refresh)."""
 
     async def body() -> None:
         async with engine_on(dafka_config, partitions=1) as engine:
+            answer = threading.Event()
+            if refresh == "held":
+                ask_stores = engine.observer.refresh
+
+                def held_refresh(min_stores: int, timeout: float) -> None:
+                    answer.wait(WAIT)
+                    ask_stores(min_stores, timeout)
+
+                engine.observer.refresh = held_refresh  # type: ignore[method-assign]
             producer = engine.producer("s1")
             producer.produce("reuse", None, b"r0")
             assert await producer.flush(WAIT) == 0
@@ -237,6 +257,12 @@ def test_a_writer_replacing_one_whose_actor_died_starts_after_what_the_stores_ho
             assert engine.observer.stored_head("reuse", own_address("reuse", 0)) == 0
             await wait_until_async(lambda: old.failed, WAIT, "the dead actor's writer to fail")
             producer.produce("reuse", None, b"r2")  # a new writer, on a new actor
+            if refresh == "held":
+                assert engine.heads_refreshing() is not None, "no refresh of the heads to hold"
+                new = engine._writers[("reuse", 0)]
+                assert new is not old
+                await asyncio.wait([new.ready], timeout=HELD_REFRESH)
+                answer.set()
             assert await producer.flush(WAIT) == 1, "r1, never acknowledged to us"
             assert stored(store, "reuse") == [b"r0", b"r1", b"r2"]
 
