@@ -401,37 +401,49 @@ class KafkaConsumer(Consumer):
 
     def _on_revoke(self, _: RdConsumer, partitions: list[TopicPartition]) -> None:
         """Runs on the worker thread, inside a fetch or close(). Acks queued so far are
-        stored first: librdkafka commits the stored offsets of the revoked partitions."""
-        self._store_acks()
-        self._disown(partitions, "revoked")
-
-    def _on_lost(self, _: RdConsumer, partitions: list[TopicPartition]) -> None:
-        self._disown(partitions, "lost")
-
-    def _disown(self, partitions: list[TopicPartition], how: str) -> None:
-        """Forget the buffered records of partitions now someone else's: they would fail
-        to ack, and the new owner gets them from the committed offset anyway."""
+        stored first: librdkafka commits the stored offsets of the revoked partitions.
+        They are taken in the same hold of the lock that disowns the partitions: a record
+        handed out or acked between the two would have its offset stored after the
+        revoke, refused (a commit error) and delivered again to the new owner."""
         gone = {(p.topic, p.partition) for p in partitions}
         with self._lock:
-            self._owned -= gone
-            kept: list[RecordBatch | _Failure] = []
-            for index, segment in enumerate(self._buffer):
-                if isinstance(segment, _Failure):
-                    kept.append(segment)
-                    continue
-                run = [
-                    record
-                    for record in segment[self._head if index == 0 else 0 :]
-                    if (record.topic, record.partition) not in gone
-                ]
-                if run:
-                    kept.append(RecordBatch.of(run))
-            left = sum(1 if isinstance(segment, _Failure) else len(segment) for segment in kept)
-            dropped = self._count - left
-            self._buffer.clear()
-            self._buffer.extend(kept)
-            self._head = 0
-            self._count = left
+            acks = self._take_acks()
+            dropped = self._disown(gone)
+        self._store(acks)
+        self._log_disowned(gone, "revoked", dropped)
+
+    def _on_lost(self, _: RdConsumer, partitions: list[TopicPartition]) -> None:
+        gone = {(p.topic, p.partition) for p in partitions}
+        with self._lock:
+            dropped = self._disown(gone)
+        self._log_disowned(gone, "lost", dropped)
+
+    def _disown(self, gone: set[Partition]) -> int:
+        """Under the lock: forget the buffered records of partitions now someone else's
+        (they would fail to ack, and the new owner gets them from the committed offset
+        anyway); how many were dropped."""
+        self._owned -= gone
+        kept: list[RecordBatch | _Failure] = []
+        for index, segment in enumerate(self._buffer):
+            if isinstance(segment, _Failure):
+                kept.append(segment)
+                continue
+            run = [
+                record
+                for record in segment[self._head if index == 0 else 0 :]
+                if (record.topic, record.partition) not in gone
+            ]
+            if run:
+                kept.append(RecordBatch.of(run))
+        left = sum(1 if isinstance(segment, _Failure) else len(segment) for segment in kept)
+        dropped = self._count - left
+        self._buffer.clear()
+        self._buffer.extend(kept)
+        self._head = 0
+        self._count = left
+        return dropped
+
+    def _log_disowned(self, gone: set[Partition], how: str, dropped: int) -> None:
         self._log.info(
             f"partitions {how}",
             partitions=sorted(f"{topic}:{partition}" for topic, partition in gone),
@@ -473,11 +485,20 @@ class KafkaConsumer(Consumer):
 
     def _store_acks(self) -> None:
         """Worker: hand the queued acks to librdkafka, which commits them (periodically,
-        on revoke and on close). An offset refused here belongs to a partition revoked
-        since its ack: the new owner delivers the record again (at least once)."""
+        on revoke and on close)."""
         with self._lock:
-            acks, self._acks = self._acks, {}
-            self._store_queued = False
+            acks = self._take_acks()
+        self._store(acks)
+
+    def _take_acks(self) -> dict[Partition, int]:
+        """Under the lock: the acks queued so far, for `_store`."""
+        acks, self._acks = self._acks, {}
+        self._store_queued = False
+        return acks
+
+    def _store(self, acks: dict[Partition, int]) -> None:
+        """Worker: `acks` to librdkafka. An offset refused here belongs to a partition
+        revoked since its ack: the new owner delivers the record again (at least once)."""
         if not acks or self._rd is None:
             return
         offsets = [TopicPartition(t, p, o) for (t, p), o in acks.items()]
