@@ -16,7 +16,6 @@ import os
 import re
 import threading
 from collections.abc import Iterator
-from wsgiref.simple_server import WSGIServer
 
 import structlog
 from prometheus_client import (
@@ -24,7 +23,7 @@ from prometheus_client import (
     PLATFORM_COLLECTOR,
     PROCESS_COLLECTOR,
     CollectorRegistry,
-    start_http_server,
+    make_wsgi_app,
 )
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -38,6 +37,8 @@ from backends.registry import engine_entry
 from gateway.context import ServerContext
 from gateway.lag import LagReader, LagUnavailable
 from gateway.latency import BUCKETS, CommandLatency
+from gateway.metrics_server import MetricsServer, serve
+from gateway.push.runner import counter_names
 from gateway.stats import ServerStats
 
 log = structlog.get_logger("rafka.gateway.metrics")
@@ -47,6 +48,8 @@ PREFIX = "rafka_"
 STOP_TIMEOUT = 10.0
 _NOT_A_NAME = re.compile(r"[^a-zA-Z0-9_]")
 _BOUNDS = [f"{bound:g}" for bound in BUCKETS] + ["+Inf"]
+PUSH_PREFIX = "push."
+PUSH_KINDS = frozenset(counter_names("").keys())
 
 
 def stat_metric(name: str) -> str:
@@ -83,12 +86,27 @@ class GatewayCollector(Collector):
         yield self._disk()
 
     def _stats(self) -> Iterator[Metric]:
+        # A push subscription's counters (`push.<name>.<kind>`): one family per kind, the
+        # subscription a label. Its name made a metric name would merge subscriptions
+        # whose names differ only in `.`/`-` (both legal) into one family, twice.
+        pushes: dict[str, CounterMetricFamily] = {}
         for name, value in self._ctx.stats.snapshot().items():
             doc = f"HGETALL stats: {name}"
-            if name in ServerStats.GAUGES:
+            subscription, _, kind = name.removeprefix(PUSH_PREFIX).rpartition(".")
+            if name.startswith(PUSH_PREFIX) and subscription and kind in PUSH_KINDS:
+                family = pushes.get(kind)
+                if family is None:
+                    family = pushes[kind] = CounterMetricFamily(
+                        f"{PREFIX}push_{kind}",
+                        f"HGETALL stats: push.<subscription>.{kind}",
+                        labels=["subscription"],
+                    )
+                family.add_metric([subscription], value)
+            elif name in ServerStats.GAUGES:
                 yield GaugeMetricFamily(stat_metric(name), doc, value=value)
             else:
                 yield CounterMetricFamily(stat_metric(name), doc, value=value)
+        yield from pushes.values()
 
     def _latencies(self) -> Metric:
         family = HistogramMetricFamily(
@@ -182,13 +200,13 @@ class MetricsEndpoint:
         # python_gc_*, python_info.
         for standard in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
             self.registry.register(standard)
-        self._server: WSGIServer | None = None
+        self._server: MetricsServer | None = None
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
         """Listen (raises OSError with the address in its text)."""
         try:
-            self._server, self._thread = start_http_server(self.port, self.host, self.registry)
+            self._server, self._thread = serve(self.host, self.port, make_wsgi_app(self.registry))
         except OSError as error:
             reason = error.strerror or str(error)
             raise OSError(f"cannot serve metrics on {self.host}:{self.port}: {reason}") from None
@@ -203,8 +221,12 @@ class MetricsEndpoint:
         server, self._server = self._server, None
         if server is not None:
             server.shutdown()
-            server.server_close()
+            # Scrapers still connected (slow or stuck clients) are cut off; a scrape
+            # waiting for the lag gives up once the lag reader is closed.
+            server.close_connections()
+        self._lag.close(STOP_TIMEOUT)
+        if server is not None:
+            server.server_close()  # joins the connections' threads
         if self._thread is not None:
             self._thread.join()
-        self._lag.close(STOP_TIMEOUT)
         log.info("metrics endpoint closed")

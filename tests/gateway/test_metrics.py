@@ -5,27 +5,37 @@ configuration, off by default, and its end with the gateway."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import secrets
 import socket
 import threading
 import time
-from collections import defaultdict
-from collections.abc import Callable
+import urllib.request
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 import redis
+from prometheus_client.openmetrics.parser import (
+    text_string_to_metric_families as openmetrics_families,
+)
+from prometheus_client.parser import text_string_to_metric_families
 
 from backends.ports import free_port
 from gateway.config import ConfigError, from_args, from_dict
+from gateway.push.spec import parse_subscriptions
 from gateway.runner import ServerThread
 from gateway.stats import ServerStats
 from tests.support.engines import MemoryEngineFactory
 from tests.support.fixtures import GatewayConfig
 from tests.support.gateway import refused
+from tests.support.http_sink import HttpSink
 from tests.support.kafka import kafka_document
 from tests.support.metrics import Scrape, scrape, scrape_until
 from tests.support.processes import listening_addresses
+from tests.support.waiting import wait_until
 
 PRODUCED = 12
 KEYS = ("a", "b", "c", "d")  # CRC32 (both engines' default): "d" to partition 0, the others 1
@@ -279,3 +289,119 @@ def test_unreachable_engine_bounds_the_scrape_and_never_blocks_commands() -> Non
     assert time.monotonic() - stopping < 15, "the gateway took long to stop"
     assert refused(port)
     assert metrics_threads() == []
+
+
+# --- HTTP push counters, and scrapers left connected at stop ----------------------------
+
+OPENMETRICS = "application/openmetrics-text; version=1.0.0"
+
+
+@pytest.fixture
+def sink() -> Iterator[HttpSink]:
+    with HttpSink() as server:
+        yield server
+
+
+def fetch(port: int, accept: str | None = None) -> str:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/metrics")
+    if accept is not None:
+        request.add_header("Accept", accept)
+    with urllib.request.urlopen(request, timeout=30) as response:
+        assert response.status == 200
+        return str(response.read().decode())
+
+
+def test_push_counters_of_two_subscriptions_stay_apart(
+    engine_name: str,
+    new_topic: Callable[[int], str],
+    gateway_config: GatewayConfig,
+    sink: HttpSink,
+    tmp_path: Path,
+) -> None:
+    """`orders-eu` and `orders.eu` are two legal, distinct subscription names. Their
+    counters must be two series a scraper can tell apart, and the exposition must stay
+    valid: every metric family once (OpenMetrics, what Prometheus asks for first, forbids
+    a family twice)."""
+    pushed, quiet = new_topic(1), new_topic(1)
+    subscriptions = [
+        {
+            "name": "orders-eu",
+            "topic": pushed,
+            "group": f"g{secrets.token_hex(4)}",
+            "urls": [sink.url("/eu")],
+        },
+        {
+            "name": "orders.eu",
+            "topic": quiet,
+            "group": f"g{secrets.token_hex(4)}",
+            "urls": [sink.url("/other")],
+        },
+    ]
+    base = gateway_config(engine_name, metrics_port=0, data_dir=str(tmp_path))
+    config = dataclasses.replace(base, subscriptions=parse_subscriptions(subscriptions))
+    with ServerThread(config) as server:
+        assert server.server.metrics is not None
+        port = server.server.metrics.port
+        client = redis.Redis(host="127.0.0.1", port=server.port, socket_timeout=30)
+        assert client.execute_command("RPUSHX", f"topics:{pushed}", "a", "b", "c") == 3
+        assert client.execute_command("DUMP", 10_000) == 0
+        wait_until(
+            lambda: int(client.hgetall("stats").get(b"push.orders-eu.delivered", -1)) == 3,
+            60,
+            "3 records pushed through orders-eu (HGETALL stats)",
+        )
+        stats = client.hgetall("stats")
+        assert int(stats[b"push.orders.eu.delivered"]) == 0
+        client.close()
+
+        text = fetch(port)
+        families = Counter(family.name for family in text_string_to_metric_families(text))
+        twice = sorted(name for name, seen in families.items() if seen > 1)
+        assert twice == [], f"metric families exposed more than once: {twice}"
+        try:
+            list(openmetrics_families(fetch(port, OPENMETRICS)))
+        except ValueError as error:
+            pytest.fail(f"the OpenMetrics exposition does not parse: {error}")
+        # One series per subscription, told apart by a label.
+        delivered = {
+            sample.labels.get("subscription"): sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == "rafka_push_delivered_total"
+        }
+        assert delivered == {"orders-eu": 3, "orders.eu": 0}, delivered
+
+
+def _request_threads() -> list[threading.Thread]:
+    """The HTTP server's per-connection threads (socketserver.ThreadingMixIn's)."""
+    return [t for t in threading.enumerate() if "process_request_thread" in t.name]
+
+
+def test_stop_ends_the_connections_of_slow_scrapers() -> None:
+    """A scraper that connected and has not finished its request (a slow or stuck
+    client) when the gateway stops: docs/metrics.md says the endpoint closes with its
+    threads. Its connection must be closed, its thread ended."""
+    factory = MemoryEngineFactory()
+    before = set(_request_threads())
+    slow = socket.socket()
+    try:
+        with ServerThread(factory.gateway_config(metrics_port=0)) as server:
+            assert server.server.metrics is not None
+            slow.connect(("127.0.0.1", server.server.metrics.port))
+            slow.sendall(b"GET /metrics HTTP/1.1\r\n")  # the rest never comes
+            wait_until(
+                lambda: set(_request_threads()) - before, 10, "the server took the connection"
+            )
+        slow.settimeout(5)
+        try:
+            closed = slow.recv(1) == b""
+        except TimeoutError:
+            closed = False
+        left = [t.name for t in set(_request_threads()) - before if t.is_alive()]
+        assert closed and not left, (
+            f"after the gateway stopped: slow scraper's connection closed: {closed}; "
+            f"request threads still running: {left}"
+        )
+    finally:
+        slow.close()
+        factory.close()
