@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -140,8 +141,10 @@ def _check_usage(args: argparse.Namespace) -> None:
         raise UsageError("--partitions and --config go with --create")
     if verb == "list" and args.topic:
         raise UsageError("--list takes no --topic")
-    if not args.timeout > 0:
-        raise UsageError(f"--timeout must be > 0, got {args.timeout:g}")
+    if args.topic is not None and not args.topic:
+        raise UsageError("--topic must not be empty")
+    if not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise UsageError(f"--timeout must be a finite number > 0, got {args.timeout:g}")
 
 
 def describe_lines(description: TopicDescription) -> list[str]:

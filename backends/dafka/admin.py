@@ -78,6 +78,18 @@ def check_name(name: str) -> None:
         raise AdminError(str(error)) from None
 
 
+def check_new_name(name: str) -> None:
+    """A topic a gateway can address: `topics:<topic>[:<key>]` and `BLPOP topics:<t1,t2>`
+    leave no room for `:` or `,`; whitespace and control characters would break
+    one-name-a-line listings."""
+    check_name(name)
+    if any(c in ":," or c.isspace() or not c.isprintable() for c in name):
+        raise AdminError(
+            f"invalid topic name {name!r}: a gateway cannot address a topic whose name "
+            "holds ':', ',', whitespace or control characters"
+        )
+
+
 def check_config(config: Mapping[str, str]) -> None:
     for key, value in config.items():
         if key not in CONFIG_KEYS:
@@ -156,7 +168,8 @@ class DafkaAdmin(Admin):
                     raise errors[0]
             assert self._observer is not None and self._reader is not None
             await asyncio.to_thread(self._observer.wait_settled, network.stores, self._timeout)
-        except (NotSettled, TowerUnreachable, OSError) as error:
+        except (NotSettled, TowerUnreachable, OSError, ValueError) as error:
+            # ValueError: an address ZeroMQ cannot use (beacon.attach names it).
             raise AdminError(f"cannot reach {network.where()}: {error}") from None
         return network, self._observer, self._reader
 
@@ -290,7 +303,7 @@ class DafkaAdmin(Admin):
         return sorted(topic for topic in known if self._exists(topic, observer.heads(topic)))
 
     async def create_topic(self, name: str, partitions: int, config: Mapping[str, str]) -> None:
-        check_name(name)
+        check_new_name(name)
         if name.startswith(INTERNAL_PREFIX):
             raise AdminError(f"topic names starting with {INTERNAL_PREFIX} are Rafka's own")
         if not 1 <= partitions <= MAX_TOPIC_PARTITIONS:

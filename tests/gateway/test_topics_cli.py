@@ -1,0 +1,95 @@
+"""Bad input to `rafka-topics` (gateway/topics_cli.py) as a real process (`python -m
+gateway.topics_cli` from this tree) against each real engine: the session's Dafka
+network (a tower and a store, processes) and the session's Tansu broker, pointed at with
+`-c` and the engine's configuration document, as a user points it at rafka's file."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.fixtures import EngineFactories
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def topics(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gateway.topics_cli", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def config_file(engines: EngineFactories, engine: str, tmp_path: Path) -> str:
+    document = {**engines(engine).document(), "gateway": {"engine": engine}}
+    path = tmp_path / "rafka.json"
+    path.write_text(json.dumps(document))
+    return str(path)
+
+
+def assert_clear_failure(done: subprocess.CompletedProcess[str], what: str) -> None:
+    assert done.returncode == 1, f"{what}: exit status {done.returncode}, stdout {done.stdout!r}"
+    assert "Traceback" not in done.stderr, f"{what}: a traceback, not an error:\n{done.stderr}"
+    assert done.stderr.startswith("rafka-topics: "), f"{what}: stderr {done.stderr!r}"
+    assert done.stdout == "", f"{what}: printed {done.stdout!r}"
+
+
+def test_an_empty_topic_name_is_refused_not_read_as_every_topic(
+    engine_name: str, engines: EngineFactories, tmp_path: Path
+) -> None:
+    """`--describe --topic ""` names a topic that cannot exist: an error (as `--create`
+    and `--delete` give for it), not the description of every topic of the cluster."""
+    config = config_file(engines, engine_name, tmp_path)
+    engines(engine_name).new_topic(1)
+    done = topics("-c", config, "--describe", "--topic", "")
+    assert_clear_failure(done, '--describe --topic ""')
+
+
+def test_bad_timeout_is_a_usage_error(
+    engine_name: str, engines: EngineFactories, tmp_path: Path
+) -> None:
+    """`--timeout inf` passes the `> 0` check; the Dafka engine then dies on it."""
+    config = config_file(engines, engine_name, tmp_path)
+    done = topics("-c", config, "--list", "--timeout", "inf")
+    assert_clear_failure(done, "--timeout inf")
+    assert "--timeout" in done.stderr, done.stderr
+
+
+def test_a_malformed_tower_address_is_a_clear_error(tmp_path: Path) -> None:
+    """A typo in --tower-sub/--tower-pub: `rafka-topics: <message>`, not a traceback."""
+    done = topics(
+        "--list",
+        "--tower-sub",
+        "tcp//127.0.0.1:5556",
+        "--tower-pub",
+        "tcp//127.0.0.1:5557",
+        "--timeout",
+        "2",
+    )
+    assert_clear_failure(done, "--tower-sub tcp//127.0.0.1:5556")
+    assert "tcp//127.0.0.1:555" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("name", ["orders:eu", "orders,eu", "orders\neu"])
+def test_create_refuses_names_the_gateway_cannot_address(
+    engine_name: str, engines: EngineFactories, tmp_path: Path, name: str
+) -> None:
+    """A topic named with `:` or `,` can never be produced or consumed through a gateway
+    (`topics:<topic>[:<key>]`, `BLPOP topics:<t1,t2>`); a newline splits it into two
+    names in `--list`'s one-name-a-line output. Kafka refuses such names; so must Dafka,
+    rather than answer `Created topic ...` and create nothing usable."""
+    config = config_file(engines, engine_name, tmp_path)
+    done = topics("-c", config, "--create", "--topic", name, "--partitions", "1")
+    assert_clear_failure(done, f"--create --topic {name!r}")
+    listed = topics("-c", config, "--list")
+    assert listed.returncode == 0, listed.stderr
+    lines = listed.stdout.splitlines()
+    assert name not in lines and "eu" not in lines, f"{name!r} was created: --list {lines}"
