@@ -113,7 +113,8 @@ class Consumer(Closing):
             **options,
         )
         self._pending: dict[Partition, int] = {}  # acks not sent: partition -> offset
-        self._handed: set[Partition] = set()  # partitions handed out on this connection
+        # Per partition, the lowest and highest offsets handed out on this connection.
+        self._handed: dict[Partition, tuple[int, int]] = {}
         # Received but not returned yet (the rest of a batch; a record whose acks failed).
         self._stash: collections.deque[Record] = collections.deque()
         self._double_offsets: dict[str, int] = {}
@@ -167,11 +168,18 @@ class Consumer(Closing):
             return self._stash.popleft()
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            wait = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            # Without a deadline, BLMPOP/BLPOP for `_grace` seconds at a time: a reply
+            # read with a bound (a dead peer is noticed) that a quiet topic never exceeds.
+            wait = self._grace if deadline is None else max(deadline - time.monotonic(), 0.0)
             try:
-                return self._pop(wait)
+                record = self._pop(wait)
             except _Lost as lost:
                 self._reconnect(str(lost))
+                # One more BLPOP even past the deadline: an answer is what shows the new
+                # session works (and resets the backoff and reconnect_timeout).
+                continue
+            if record is not None:
+                return record
             if deadline is not None and time.monotonic() >= deadline:
                 return None
 
@@ -285,7 +293,9 @@ class Consumer(Closing):
         return self._handed_out(Record(topic, 0, offset, None, value))
 
     def _handed_out(self, record: Record) -> Record:
-        self._handed.add((record.topic, record.partition))
+        partition = (record.topic, record.partition)
+        low, high = self._handed.get(partition, (record.offset, record.offset))
+        self._handed[partition] = (min(low, record.offset), max(high, record.offset))
         return record
 
     # --- acknowledging -------------------------------------------------------------------
@@ -299,8 +309,9 @@ class Consumer(Closing):
         self._check_session()
         for record in records:
             partition = (record.topic, record.partition)
-            if partition not in self._handed:
-                continue
+            handed = self._handed.get(partition)
+            if handed is None or not handed[0] <= record.offset <= handed[1]:
+                continue  # not handed out on this connection (e.g. before a reconnect)
             if record.offset > self._pending.get(partition, -1):
                 self._pending[partition] = record.offset
 

@@ -59,8 +59,9 @@ class AckError(ConsumeError):
 
 
 class ConnectionLost(RafkaError):
-    """The consumer could not reconnect within its `reconnect_timeout`, or the producer
-    lost its connection while sending (the records stay buffered)."""
+    """The consumer could not reconnect within its `reconnect_timeout`, the producer
+    lost its connection while sending (the records stay buffered), or the reader lost
+    its connection during a read (the next read reconnects)."""
 
 
 class ReadError(RafkaError):

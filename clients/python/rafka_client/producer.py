@@ -24,7 +24,12 @@ Target = tuple[str, bytes | None]  # (topic, key)
 
 
 def _bytes(value: bytes | str) -> bytes:
-    return value.encode() if isinstance(value, str) else bytes(value)
+    if isinstance(value, str):
+        return value.encode()
+    if not isinstance(value, bytes | bytearray | memoryview):
+        # bytes(3) would be three zero bytes.
+        raise TypeError(f"a value or key is bytes or str, got {type(value).__name__}")
+    return bytes(value)
 
 
 class Producer(Closing):
@@ -51,17 +56,24 @@ class Producer(Closing):
         batch_bytes: int = 1 << 20,
         flush_timeout: float = 10.0,
         socket_timeout: float | None = 30.0,
+        produce_block_timeout: float = 60.0,
         **options: Any,
     ) -> None:
         """`url`: redis://[[user]:password@]host[:port]; `protocol`: RESP 2 or 3;
         `flush_timeout`: seconds `close()` and the context manager's exit wait for the
         records; `options`: further redis-py connection settings (e.g.
-        `socket_connect_timeout`).
+        `socket_connect_timeout`); `produce_block_timeout`: how long the gateway may hold
+        an RPUSHX while its queue is full before answering `PROD Local: Queue full` (the
+        gateway's `produce_block_timeout`): replies to a send are awaited that much
+        longer than `socket_timeout`.
         """
         if batch_size < 1 or batch_bytes < 1:
             raise ValueError("batch_size and batch_bytes must be >= 1")
         self._link = Link(url, protocol=protocol, socket_timeout=socket_timeout, **options)
         self._socket_timeout = socket_timeout
+        self._send_timeout = (
+            None if socket_timeout is None else socket_timeout + produce_block_timeout
+        )
         self._batch_size = batch_size
         self._batch_bytes = batch_bytes
         self.flush_timeout = flush_timeout
@@ -82,7 +94,8 @@ class Producer(Closing):
         """Buffer one record (str is sent as UTF-8); sends the buffer once it is full.
 
         Raises ValueError for a topic or key the gateway cannot take (empty topic, `:`),
-        and what `send()` raises when the buffer is sent.
+        TypeError for a value or key that is neither bytes nor str, and what `send()`
+        raises when the buffer is sent.
         """
         if self._closed:
             raise ProduceError("producer closed")
@@ -128,7 +141,7 @@ class Producer(Closing):
         batches = self._commands()
         commands: list[Command] = [("RPUSHX", _target(t), *values) for t, values in batches]
         try:
-            replies = self._link.pipeline(commands)
+            replies = self._link.pipeline(commands, timeout=self._send_timeout)
             # A plain Redis double answers 0 for a list that does not exist yet, and
             # stores nothing: push those batches with RPUSH, which creates the list.
             missing = [i for i, reply in enumerate(replies) if reply == 0]

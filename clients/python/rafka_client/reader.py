@@ -5,11 +5,12 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from redis.exceptions import ResponseError
+from redis.exceptions import ConnectionError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeout
 
 from rafka_client._closing import Closing
 from rafka_client._link import DEFAULT_URL, Link
-from rafka_client.errors import NotHeld, RangeTooLarge, ReadError, UnknownPartition
+from rafka_client.errors import ConnectionLost, NotHeld, RangeTooLarge, ReadError, UnknownPartition
 from rafka_client.records import Record, field_pairs, record_of
 
 _OVER = re.compile(r"range of (\d+) records is over the limit of (\d+) ")
@@ -50,6 +51,10 @@ class Reader(Closing):
             return self._link.call(*args)
         except ResponseError as error:
             raise _read_error(error) from None
+        except (ConnectionError, RedisTimeout) as error:
+            if not self._link.connects:
+                raise  # never reached at all: redis-py's error, as documented
+            raise ConnectionLost(f"connection lost while reading: {error}") from error
 
     def next_offset(self, topic: str, partition: int) -> int:
         """The offset the next record of (topic, partition) will get (LLEN).
