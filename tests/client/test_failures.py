@@ -240,3 +240,17 @@ def test_a_value_that_is_not_bytes_or_str_is_refused(redis_server: RedisServer) 
         producer.send()
     stored = redis.Redis.from_url(redis_server.url).lrange(f"topics:{topic}", 0, -1)
     assert stored == [], f"an int value was produced as {stored!r}"
+
+
+def test_a_closed_producer_refuses_every_call(redis_server: RedisServer) -> None:
+    """After close(), produce() raised ProduceError but send() and flush() opened a new
+    connection that nothing closed (redis-py connects on its own)."""
+    server = redis.Redis.from_url(redis_server.url)
+    before = len(server.client_list())
+    producer = Producer(redis_server.url)
+    producer.produce(f"t-{new_group()}", b"v")
+    producer.close()
+    for call in (producer.send, producer.flush, lambda: producer.produce("t", b"v")):
+        with pytest.raises(ProduceError, match="producer closed"):
+            call()
+    assert len(server.client_list()) == before, "a closed producer opened a connection"

@@ -97,8 +97,7 @@ class Producer(Closing):
         TypeError for a value or key that is neither bytes nor str, and what `send()`
         raises when the buffer is sent.
         """
-        if self._closed:
-            raise ProduceError("producer closed")
+        self._check_open()
         if not topic or ":" in topic:
             raise ValueError(f"a topic is not empty and has no ':', got {topic!r}")
         raw_key = None if key is None else _bytes(key)
@@ -136,6 +135,7 @@ class Producer(Closing):
         connection failed (everything stays buffered: sending again may duplicate
         records the gateway got before it failed).
         """
+        self._check_open()
         if not self._buffered:
             return 0
         batches = self._commands()
@@ -183,6 +183,7 @@ class Producer(Closing):
         Raises FlushTimeout when some are still outstanding, DeliveryUnknown when the
         connection was replaced since records were sent, and what `send()` raises.
         """
+        self._check_open()
         self.send()
         millis = max(0, round(timeout * 1000))
         wait = None if self._socket_timeout is None else timeout + self._socket_timeout
@@ -205,6 +206,11 @@ class Producer(Closing):
         if outstanding:
             raise FlushTimeout(outstanding, timeout)
         self._unconfirmed = 0
+
+    def _check_open(self) -> None:
+        # After close() a call would open a connection that nothing closes.
+        if self._closed:
+            raise ProduceError("producer closed")
 
     def close(self, timeout: float | None = None) -> None:
         """Flush for `timeout` seconds (default: `flush_timeout`), raising as `flush`
