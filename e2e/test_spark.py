@@ -238,6 +238,68 @@ def test_batch_read_between_starting_and_ending_offsets(
         load(startingOffsets="latest")
 
 
+def test_records_produced_while_a_latest_stream_starts_are_read(
+    spark: SparkSession, rafka: RafkaProcess, deployment: Deployment, tmp_path: Path
+) -> None:
+    """startingOffsets=latest (a stream's default). Spark asks the source for its
+    initialOffset() when it plans batch 0 and again when it runs it; the source answers
+    the partitions' heads *at each call*. Records produced between the two calls (here:
+    while batch 0's latestOffset is held by the proxy) are inside batch 0's planned end
+    but after its start as recomputed at run time: batch 0 runs empty, the checkpoint
+    records its end, and those records are never read, with no failure at all."""
+    topic = deployment.new_topic(1)
+    produce(rafka, topic, [f"old{n}" for n in range(5)])  # before the query: not read (latest)
+    # Connection 0: initialOffset's LLENs; connection 1: batch 0's latestOffset.
+    proxy = TcpProxy(rafka.port, gated=1).start()
+    through = f"redis://127.0.0.1:{proxy.port}"
+    batches: list[tuple[int, list[str]]] = []
+
+    def collect(df: DataFrame, batch_id: int) -> None:
+        batches.append((batch_id, sorted(row["value"].decode() for row in df.collect())))
+
+    new = [f"new{n}" for n in range(10)]
+    try:
+        query: StreamingQuery = (
+            spark.readStream.format("rafka")
+            .option("url", through)
+            .option("subscribe", topic)
+            .load()
+            .writeStream.foreachBatch(collect)
+            .option("checkpointLocation", str(tmp_path / "checkpoint"))
+            .start()
+        )
+        try:
+            wait_until(
+                lambda: proxy.arrived >= 2,
+                QUERY_WAIT,
+                "the source took its initial offsets and asks for the latest",
+                interval=0.05,
+            )
+            produce(rafka, topic, new)
+            proxy.gate.set()
+            wait_until(lambda: batches, QUERY_WAIT, "batch 0 ran", interval=0.1)
+            try:
+                wait_until(
+                    lambda: sorted(v for _, values in batches for v in values) == new,
+                    30,
+                    "the 10 new records read",
+                    interval=0.1,
+                )
+            except AssertionError:
+                planned = [
+                    (p["batchId"], p["sources"][0]["startOffset"], p["sources"][0]["endOffset"])
+                    for p in query.recentProgress
+                ]
+                raise AssertionError(
+                    f"records produced as the query started were never read: batches "
+                    f"{batches}, the batches' offsets {planned}"
+                ) from None
+        finally:
+            query.stop()
+    finally:
+        proxy.close()
+
+
 # --- the writers ----------------------------------------------------------------------------
 
 

@@ -4,7 +4,11 @@ the client and the server both see their connection closed, the listener stays u
 With `hold_after=N`, each connection forwards only the first N bytes the client sends and
 then holds the rest (the client's later commands never reach the server, their replies
 never come) until the test cuts it: a client stopped mid-stream at a point the test
-does not have to race for."""
+does not have to race for.
+
+With `gated=N`, the connection numbered N (0-based, in the order clients connect) is held
+before it is connected through, until the test sets `gate`: a point between two calls of
+a client that opens a connection per call."""
 
 from __future__ import annotations
 
@@ -14,10 +18,15 @@ import threading
 
 
 class TcpProxy:
-    def __init__(self, target_port: int, hold_after: int | None = None) -> None:
+    def __init__(
+        self, target_port: int, hold_after: int | None = None, gated: int | None = None
+    ) -> None:
         self._target = ("127.0.0.1", target_port)
         self.hold_after = hold_after  # read when a connection is accepted
         self.held = 0  # connections holding the client's bytes
+        self._gated = gated
+        self.gate = threading.Event()
+        self.arrived = 0  # connections clients made, connected through or not
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port: int = self._listener.getsockname()[1]
         self._lock = threading.Lock()
@@ -41,21 +50,34 @@ class TcpProxy:
                 client, _ = self._listener.accept()
             except OSError:
                 return  # closed
-            try:
-                server = socket.create_connection(self._target, timeout=5)
-            except OSError:
+            number, self.arrived = self.arrived, self.arrived + 1
+            if number == self._gated:
+                self._spawn(self._connect_at_gate, client)
+            elif not self._connect(client):
+                return
+
+    def _connect_at_gate(self, client: socket.socket) -> None:
+        self.gate.wait()  # set by the test, or by close()
+        self._connect(client)
+
+    def _connect(self, client: socket.socket) -> bool:
+        """Connect `client` through; False once the proxy is closed."""
+        try:
+            server = socket.create_connection(self._target, timeout=5)
+        except OSError:
+            client.close()
+            return True
+        server.settimeout(None)
+        with self._lock:
+            if self._closed:
                 client.close()
-                continue
-            server.settimeout(None)
-            with self._lock:
-                if self._closed:
-                    client.close()
-                    server.close()
-                    return
-                self._pairs.append((client, server))
-                self.accepted += 1
-            self._spawn(self._pump, client, server, self.hold_after)
-            self._spawn(self._pump, server, client, None)
+                server.close()
+                return False
+            self._pairs.append((client, server))
+            self.accepted += 1
+        self._spawn(self._pump, client, server, self.hold_after)
+        self._spawn(self._pump, server, client, None)
+        return True
 
     def _pump(self, source: socket.socket, sink: socket.socket, limit: int | None) -> None:
         forwarded = 0
@@ -88,6 +110,7 @@ class TcpProxy:
     def close(self) -> None:
         with self._lock:
             self._closed = True
+        self.gate.set()
         with contextlib.suppress(OSError):
             self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() (Linux)
         self._listener.close()

@@ -177,10 +177,16 @@ class RafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
         self._target: dict[tuple[str, int], int] | None = None  # Trigger.AvailableNow's
+        self._initial: Offsets | None = None
 
     def initialOffset(self) -> Offsets:
-        with Reader(self.options.url) as reader:
-            return resolve(reader, self.options.starting, next_offsets(reader, self.options))
+        """Resolved once: Spark asks again when it runs batch 0 (after planning it with
+        the first answer); "latest" resolved anew then would skip what came in between."""
+        if self._initial is None:
+            with Reader(self.options.url) as reader:
+                heads = next_offsets(reader, self.options)
+                self._initial = resolve(reader, self.options.starting, heads)
+        return self._initial
 
     def prepareForTriggerAvailableNow(self) -> None:
         """Trigger.AvailableNow: read what the partitions hold now, nothing after."""
