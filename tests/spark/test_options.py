@@ -95,3 +95,42 @@ def test_against_plain_redis_the_partition_probe_asks_for_assign(redis_server: R
         pytest.raises(OptionError, match="name the partitions with the assign option"),
     ):
         partitions_of(reader, f"t-{uuid.uuid4().hex[:6]}")
+
+
+def test_a_small_partition_is_not_starved_by_a_large_backlog() -> None:
+    """maxOffsetsPerTrigger=1000; partition 0 has a backlog of a million records and gets
+    1000 new ones a trigger, partition 1 has 5 waiting. spark-sql-kafka gives a partition
+    whose share rounds below one record one record; shares rounded down gave partition 1
+    nothing for as long as partition 0's backlog lasted (found in review)."""
+    budget = 1000
+    start = {("t", 0): 0, ("t", 1): 0}
+    heads = {("t", 0): 1_000_000, ("t", 1): 5}
+    for _ in range(5):
+        end = limit_offsets(start, heads, budget)
+        assert sum(end[tp] - start[tp] for tp in heads) <= budget
+        start = end
+        heads = {("t", 0): heads[("t", 0)] + budget, ("t", 1): 5}
+    assert start[("t", 1)] == 5, f"partition 1 starved: offsets after 5 triggers {start}"
+
+
+@pytest.mark.parametrize("text", ["nan", "inf", "-5", "0"])
+def test_flush_timeout_must_be_positive_seconds(text: str) -> None:
+    """nan and inf failed every task later (`cannot convert float NaN to integer`, no
+    option named); 0 or less made DUMP answer at once and the writes fail with
+    FlushTimeout (found in review)."""
+    from pyspark.sql.types import StringType, StructField, StructType
+    from rafka_spark.writer import WriterOptions
+
+    schema = StructType([StructField("value", StringType())])
+    with pytest.raises(OptionError, match="flushTimeout"):
+        WriterOptions.parse({"topic": "t", "flushTimeout": text}, schema)
+
+
+@pytest.mark.parametrize("option", ["startingOffsets", "endingOffsets"])
+def test_offsets_of_a_topic_not_read_are_refused(option: str) -> None:
+    """A typo in the JSON's topic (`flight` for `flights`) was ignored: the query read
+    `flights` from its default offset instead (found in review)."""
+    with pytest.raises(OptionError, match=f"{option} names topics the query does not read"):
+        SourceOptions.parse(
+            {"subscribe": "flights", option: '{"flight": {"0": 1000}}'}, stream=False
+        )

@@ -61,6 +61,12 @@ class SourceOptions:
             raise OptionError("endingOffsets is for batch queries only")
         starting = _offsets("startingOffsets", lower.get("startingoffsets"))
         ending = _offsets("endingOffsets", lower.get("endingoffsets"))
+        for name, given in (("startingOffsets", starting), ("endingOffsets", ending)):
+            others = sorted(set(given) - set(topics)) if isinstance(given, dict) else []
+            if others:
+                raise OptionError(
+                    f"{name} names topics the query does not read: {', '.join(others)}"
+                )
         if not stream and starting == "latest":
             raise OptionError("startingOffsets=latest is not allowed in a batch query")
         if not stream and ending == "earliest":
@@ -232,7 +238,16 @@ def limit_offsets(
     total = sum(lag.values())
     if total <= budget:
         return {tp: max(head, start.get(tp, 0)) for tp, head in heads.items()}
-    share = {tp: waiting * budget // total for tp, waiting in lag.items()}
+    # Every partition with records waiting gets one first (when the budget allows), so a
+    # small partition is not starved while a large one has a backlog.
+    lagging = [tp for tp, waiting in lag.items() if waiting]
+    floor = 1 if len(lagging) <= budget else 0
+    share = {tp: min(waiting, floor) for tp, waiting in lag.items()}
+    rest = budget - sum(share.values())
+    more = {tp: lag[tp] - share[tp] for tp in lag}
+    more_total = sum(more.values())
+    for tp in share:
+        share[tp] += more[tp] * rest // more_total if more_total else 0
     left = budget - sum(share.values())
     for tp in sorted(lag, key=lambda tp: -lag[tp]):
         if left <= 0:

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from rafka_client import Producer
+from rafka_client import ProduceError, Producer, Reader, UnknownPartition
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -62,6 +62,7 @@ def write_rows(
     ProduceError, ConnectionLost, DeliveryUnknown), ValueError/TypeError for bad rows.
     """
     count = 0
+    topics: set[str] = set()
     with Producer(url, batch_size=batch_size, flush_timeout=flush_timeout) as producer:
         for row in rows:
             target = row[topic_column] if topic_column is not None else None
@@ -74,7 +75,18 @@ def write_rows(
                 _payload(row[value], "value"),
                 None if record_key is None else _payload(record_key, "key"),
             )
+            topics.add(target)
             count += 1
+    # DUMP answers 0 also for records whose delivery failed (on Kafka: a topic the broker
+    # does not have and does not create): what was written to a missing topic is lost.
+    with Reader(url) as reader:
+        for name in sorted(topics):
+            try:
+                reader.next_offset(name, 0)
+            except UnknownPartition:
+                raise ProduceError(
+                    f"topic {name!r} does not exist: its records were not delivered"
+                ) from None
     return count
 
 

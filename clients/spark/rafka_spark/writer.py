@@ -46,6 +46,10 @@ class WriterOptions:
             raise OptionError(
                 f"flushTimeout must be seconds, got {lower['flushtimeout']!r}"
             ) from None
+        if not 0 < flush_timeout < float("inf"):
+            raise OptionError(
+                f"flushTimeout must be a positive number of seconds, got {lower['flushtimeout']!r}"
+            )
         return WriterOptions(
             url=lower.get("url", DEFAULT_URL),
             topic=topic,
