@@ -56,3 +56,19 @@ def test_pipeline_streams_the_flights_and_matches_the_batch_job(
     assert started is not None, out
     assert not alive(int(started[1])), "the pipeline left its gateway running"
     assert "gateway stopped (exit status 0)" in out
+
+
+def test_bad_arguments_are_refused_before_anything_starts(tmp_path: Path) -> None:
+    """--limit 0 ended in a traceback reading a Parquet file never written; a --work
+    directory of an earlier run in FileExistsError, after the Spark session and the
+    gateway had started (found in review)."""
+    earlier = tmp_path / "earlier"
+    (earlier / "months").mkdir(parents=True)
+    for arguments, error in (
+        (["--limit", "0"], "--limit must be at least 1, got 0"),
+        (["--work", str(earlier)], f"--work {earlier} is not empty: give a new or empty"),
+    ):
+        run = run_to_end([sys.executable, str(SCRIPT), *arguments], 60, check=False, cwd=REPO)
+        stderr = "\n".join(run.stderr_lines)
+        assert run.returncode == 2, f"{arguments}: exit {run.returncode}\n{stderr[-3000:]}"
+        assert f"error: {error}" in stderr, stderr

@@ -318,6 +318,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, help="working directory (default: a temporary one)")
     parser.add_argument("--cores", type=int, default=2, help="Spark's local[N]")
     args = parser.parse_args(argv)
+    if args.limit is not None and args.limit < 1:
+        parser.error(f"--limit must be at least 1, got {args.limit}")
+    if args.work is not None and args.work.exists() and any(args.work.iterdir()):
+        # A previous run's files (its months, checkpoints, Parquet) would be read again.
+        parser.error(f"--work {args.work} is not empty: give a new or empty directory")
     with tempfile.TemporaryDirectory(prefix="rafka-flights-") as temporary:
         work = args.work or Path(temporary)
         work.mkdir(parents=True, exist_ok=True)
