@@ -79,8 +79,10 @@ def parse_int(raw: bytes, base: int, bit_size: int) -> int:
         else:
             base = 10
     # ParseUint's loop: a bad digit is a syntax error, overflow a range error, whichever
-    # comes first from the left.
+    # comes first from the left. ParseInt passes its bit size on: overflow is past
+    # 1<<bit_size - 1 (4294967295 for the 32-bit partition), not past 1<<64 - 1.
     cutoff = _MAX_UINT64 // base + 1
+    max_value = (1 << bit_size) - 1
     value = 0
     for char in text:
         digit = _DIGITS.get(char.lower())
@@ -89,7 +91,7 @@ def parse_int(raw: bytes, base: int, bit_size: int) -> int:
         if value >= cutoff:
             raise _error(raw, "value out of range")
         value = value * base + digit
-        if value > _MAX_UINT64:
+        if value > max_value:
             raise _error(raw, "value out of range")
     limit = 1 << (bit_size - 1)
     if (not negative and value >= limit) or (negative and value > limit):

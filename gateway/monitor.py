@@ -50,7 +50,11 @@ def redact(args: Sequence[bytes]) -> Sequence[bytes]:
 
 def format_line(client_id: str, args: Sequence[bytes], now: float) -> bytes:
     quoted = b" ".join(_quote(arg) for arg in redact(args))
-    return b"+%.6f [0 %s] %s\r\n" % (now, client_id.encode("utf-8", "replace"), quoted)
+    # The id is a client's SETNAME, which may hold CR/LF too: escaped as the arguments.
+    name = client_id.encode("utf-8", "replace")
+    if b"\r" in name or b"\n" in name:
+        name = name.replace(b"\r", b"\\r").replace(b"\n", b"\\n")
+    return b"+%.6f [0 %s] %s\r\n" % (now, name, quoted)
 
 
 class Writer(Protocol):

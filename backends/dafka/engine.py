@@ -538,6 +538,13 @@ class DafkaEngine(Engine):
         if self.stopped or not self._started:
             raise ConsumerCreationError(STOPPED)
         reset = self._reset(settings)
+        # Every topic checked before the group is touched: a join that fails half-way
+        # would leave the group holding (and subscribed to) the topics before the bad one.
+        for topic in topics:
+            try:
+                check_topic(topic)
+            except ValueError as error:
+                raise ConsumerCreationError(str(error)) from None
         state = self._groups.get(group)
         if state is None:
             state = self._groups[group] = Group(self, group)
@@ -545,6 +552,8 @@ class DafkaEngine(Engine):
         try:
             await state.join(member)
         except Exception as error:
+            if not state.members:
+                await state.close()  # a group made for this member only: nothing kept
             raise ConsumerCreationError(str(error)) from None
         if self.stopped:
             await member.close()

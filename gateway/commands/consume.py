@@ -222,40 +222,49 @@ def blpop(session: Session, args: list[bytes]) -> Answer:
 
 def parse_blmpop(args: list[bytes]) -> tuple[float | None, bytes, int]:
     """`BLMPOP timeout numkeys key [key ...] LEFT|RIGHT [COUNT n]` -> (seconds or None
-    for forever, the first key, count); Redis's checks and texts, then RIGHT refused."""
+    for forever, the first key, count); Redis 7's checks, texts and order (numkeys, the
+    direction, COUNT, then the timeout), then RIGHT refused."""
     if len(args) < 5:
         raise errors.wrong_arity("blmpop")
+    numkeys = _positive(args[2], errors.numkeys_not_positive)
+    where_at = 3 + numkeys
+    if where_at >= len(args):
+        raise errors.syntax_error()
+    where = args[where_at].upper()
+    if where not in (b"LEFT", b"RIGHT"):
+        raise errors.syntax_error()
+    count = None
+    index = where_at + 1
+    while index < len(args):
+        if count is None and args[index].upper() == b"COUNT" and index + 1 < len(args):
+            count = _positive(args[index + 1], errors.count_not_positive)
+            index += 2
+        else:
+            raise errors.syntax_error()
     raw = args[1].decode("latin-1")
-    if not _NUMBER.fullmatch(raw.strip()):
+    if not _NUMBER.fullmatch(raw):
         raise errors.timeout_not_a_float()
     seconds = float(raw)
     if seconds < 0:
         raise errors.timeout_negative()
-    numkeys = _positive(args[2], errors.numkeys_not_positive)
-    rest = args[3 + numkeys :]
-    if not rest or len(rest) not in (1, 3):
-        raise errors.syntax_error()
-    where = rest[0].upper()
-    if where not in (b"LEFT", b"RIGHT"):
-        raise errors.syntax_error()
-    count = 1
-    if len(rest) == 3:
-        if rest[1].upper() != b"COUNT":
-            raise errors.syntax_error()
-        count = _positive(rest[2], errors.count_not_positive)
     if where == b"RIGHT":
         raise errors.blmpop_right()
     timeout = None if seconds == 0 or math.isinf(seconds) else seconds
-    return timeout, args[3], count
+    return timeout, args[3], 1 if count is None else count
+
+
+# Redis's integers (string2ll): an optional '-', no '+', no leading zero, no spaces.
+_REDIS_INTEGER = re.compile(rb"-?[1-9][0-9]*|0")
+_LONG_MAX = 2**63 - 1
 
 
 def _positive(raw: bytes, error: Callable[[], RespError]) -> int:
-    """`raw` as an int > 0, else `error()` (BLMPOP's numkeys and COUNT)."""
-    try:
-        value = int(raw)
-    except ValueError:
-        raise error() from None
-    if value <= 0:
+    """`raw` as an int in 1..LONG_MAX read as Redis reads it, else `error()` (BLMPOP's
+    numkeys and COUNT)."""
+    if not _REDIS_INTEGER.fullmatch(raw):
+        raise error()
+    value = int(raw)
+    if not 0 < value <= _LONG_MAX:
         raise error()
     return value
 
