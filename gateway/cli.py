@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import signal
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import structlog
 
@@ -14,7 +16,7 @@ from gateway import __version__, logs
 from gateway.config import Config, ConfigError, from_args
 from gateway.limits import size_open_files
 from gateway.loops import loop_factory
-from gateway.runner import serve_until_signal, start_server
+from gateway.runner import forget_signals, serve_until_signal, start_server, stop_on_signal
 
 log = structlog.get_logger("rafka")
 
@@ -24,7 +26,31 @@ YOUNG_COLLECTION_THRESHOLD = 10_000
 
 
 async def serve(config: Config) -> None:
-    server = await start_server(config)
+    # From the very start: a signal while the engine starts (children being started, a
+    # tower waited for) stops what was started, as one after it runs the shutdown.
+    stop = stop_on_signal()
+    try:
+        await _serve(config, stop)
+    finally:
+        forget_signals()
+
+
+async def _serve(config: Config, stop: asyncio.Future[int]) -> None:
+    starting = asyncio.ensure_future(start_server(config))
+    waits: list[asyncio.Future[Any]] = [starting, stop]
+    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    if not starting.done():
+        name = signal.Signals(stop.result()).name
+        log.info("signal while starting; stopping what was started", signal=name)
+        starting.cancel()
+        try:
+            started = await starting  # start_server stops what it started when cancelled
+        except asyncio.CancelledError:
+            print(f"rafka: stopped by {name} while starting", file=sys.stderr, flush=True)
+            return
+        await started.shutdown()  # it had finished meanwhile
+        return
+    server = starting.result()
     # What start-up made (modules, classes, the engine's tables) lives as long as the
     # process: frozen, a full collection no longer scans it. Measured on the Dafka
     # engine at 10,000 records/s: full collections of 17-58 ms down to ~1 ms, pauses
@@ -47,7 +73,7 @@ async def serve(config: Config) -> None:
         f"engine" + (f": {where}" if where else "") + "; SIGTERM or Ctrl-C stops it",
         flush=True,
     )
-    await serve_until_signal(server)
+    await serve_until_signal(server, stop)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

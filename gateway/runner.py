@@ -77,25 +77,46 @@ async def start_server(config: Config, *, engine: Engine | None = None) -> Serve
     return server
 
 
-async def serve_until_signal(server: Server) -> None:
-    """Serve until SIGTERM or SIGINT, then shut down (a second signal is only logged)."""
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def stop_on_signal() -> asyncio.Future[int]:
+    """Handle SIGTERM and SIGINT on the running loop from now on: the first one sets the
+    returned future (to its number), later ones are only logged. `forget_signals()`
+    gives them back."""
     loop = asyncio.get_running_loop()
-    stop = loop.create_future()
+    stop: asyncio.Future[int] = loop.create_future()
 
     def on_signal(signum: int) -> None:
         if stop.done():
             log.info("shutdown already in progress", signal=signal.Signals(signum).name)
         else:
-            stop.set_result(None)
+            stop.set_result(signum)
 
-    for signum in (signal.SIGTERM, signal.SIGINT):
+    for signum in STOP_SIGNALS:
         loop.add_signal_handler(signum, on_signal, signum)
+    return stop
+
+
+def forget_signals() -> None:
+    loop = asyncio.get_running_loop()
+    for signum in STOP_SIGNALS:
+        loop.remove_signal_handler(signum)
+
+
+async def serve_until_signal(server: Server, stop: asyncio.Future[int] | None = None) -> None:
+    """Serve until SIGTERM or SIGINT, then shut down (a second signal is only logged).
+    `stop`: what `stop_on_signal()` returned, when the caller handles the signals already
+    (and gives them back itself)."""
+    own = stop is None
+    if stop is None:
+        stop = stop_on_signal()
     try:
         await stop
         await server.shutdown()
     finally:
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(signum)
+        if own:
+            forget_signals()
 
 
 class ServerThread:

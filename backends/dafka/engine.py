@@ -50,6 +50,7 @@ from backends.dafka.envelope import unwrap
 from backends.dafka.groups import Group, Member
 from backends.dafka.node import allow_sockets
 from backends.dafka.observer import NotSettled, Observer
+from backends.dafka.off_loop import off_loop
 from backends.dafka.offsets import OFFSETS_TOPIC, CommitLog
 from backends.dafka.partitions import PartitionMap, is_own_address, make_partitioner
 from backends.dafka.producer import check_topic
@@ -269,10 +270,10 @@ class DafkaEngine(Engine):
             io_threads_as_batch(zmq.Context.instance())  # before the actors' first socket
         try:
             observer, self._reader = await asyncio.gather(
-                asyncio.to_thread(
+                off_loop(
                     Observer, self.dafka_config, settle=self.settle, on_head=self._head_thread
                 ),
-                asyncio.to_thread(
+                off_loop(
                     Reader,
                     self.dafka_config,
                     self._sink_thread,
@@ -280,14 +281,12 @@ class DafkaEngine(Engine):
                 ),
             )
             self._observer = observer
-            await asyncio.to_thread(
-                observer.wait_settled, self._network.stores, settings.start_timeout
-            )
+            await off_loop(observer.wait_settled, self._network.stores, settings.start_timeout)
             catalog_heads = self._stored_heads(TOPICS_TOPIC)
-            await asyncio.to_thread(
+            await off_loop(
                 self.catalog.load, self.dafka_config, catalog_heads, settings.start_timeout
             )
-            await asyncio.to_thread(
+            await off_loop(
                 self.offsets.load,
                 self.dafka_config,
                 self._stored_heads(OFFSETS_TOPIC),
