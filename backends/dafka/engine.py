@@ -235,6 +235,7 @@ class DafkaEngine(Engine):
         self._tasks: list[asyncio.Task[None]] = []
         # Asking the stores for every head after a writers' actor stopped (refresh_heads).
         self._heads_refresh: asyncio.Task[None] | None = None
+        self._stopping: asyncio.Task[None] | None = None  # stop()'s one run
         # How long the stores' answers to one request may take to arrive in full.
         self.settle = 0.1
 
@@ -323,9 +324,16 @@ class DafkaEngine(Engine):
         }
 
     async def stop(self) -> None:
-        if self.stopped:
-            return
-        self.stopped = True
+        """Stop once; a later call waits for the same run. The gateway bounds its
+        shutdown: past the bound it cancels the stop it waits for and calls stop() again
+        with a grace of its own, which must finish the run (the embedded tower and
+        stores are stopped at its end), not return at once."""
+        if self._stopping is None:
+            self.stopped = True  # at once: nothing may start while the run is scheduled
+            self._stopping = asyncio.get_running_loop().create_task(self._stop())
+        await asyncio.shield(self._stopping)
+
+    async def _stop(self) -> None:
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:

@@ -4,6 +4,8 @@ actors over loopback): stable partitions, DUMP, groups, commits that survive a r
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import threading
 import zlib
 from collections.abc import AsyncIterator, Iterator
@@ -22,6 +24,7 @@ from backends.dafka.producer import Producer as DafkaProducer
 from backends.dafka.settings import DafkaSettings
 from backends.dafka.store import Store
 from backends.dafka.tower import Tower
+from tests.support.processes import children, pid_gone
 from tests.support.waiting import wait_until_async
 
 WAIT = 10.0
@@ -581,6 +584,35 @@ def test_embedded_engine_keeps_records_and_commits_across_restarts(tmp_path: Pat
         stored = Config.load(tmp_path / "data" / "store-0" / "stored.cfg")
         assert stored.get("store/topics/t/retention/ms") == "86400000"
         assert stored.get("store/topics/__rafka_offsets/retention/ms") == "604800000"
+
+    run(body())
+
+
+def test_a_stop_cancelled_half_way_is_finished_by_the_next_call(tmp_path: Path) -> None:
+    """The gateway bounds its shutdown: when the bound passes while the engine stops, it
+    cancels that stop and calls stop() again with a grace of its own (server._abandon).
+    The second call returned at once (`stopped` was set), and the embedded tower and
+    store were never stopped: they outlived the engine until the process exited (found
+    in review). It now waits for the same stop to finish."""
+    settings = DafkaSettings(partitions=1, settings={"beacon/interval": "100"})
+
+    async def body() -> None:
+        options = EngineOptions(stop_flush_timeout=0.5, data_dir=str(tmp_path / "data"))
+        engine = DafkaEngine(Stats(), settings, options)
+        before = children(os.getpid())
+        await engine.start()
+        started = children(os.getpid()) - before
+        assert started, "no tower or store started"
+        producer = engine.producer("s")
+        producer.produce("t", None, b"r")
+        assert await producer.flush(WAIT) == 0
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(0.01):  # the bound, passed during the stop
+                await engine.stop()
+        async with asyncio.timeout(WAIT):  # the grace
+            await engine.stop()
+        left = [pid for pid in started if not pid_gone(pid)]
+        assert not left, f"the engine stopped with its tower and store still running: {left}"
 
     run(body())
 
