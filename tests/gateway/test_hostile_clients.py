@@ -446,12 +446,14 @@ def test_a_connection_that_ended_is_freed_without_the_cycle_collector(
     gc.set_debug(gc.DEBUG_SAVEALL)  # what a collection finds stays in gc.garbage
     try:
         before = len(server.server.live)
-        for _ in range(3):
+        for round_ in range(3):
             with Raw(server.port) as raw:
                 raw.command("PING")
                 raw.expect(b"+PONG\r\n")
             with Raw(server.port) as raw:
-                raw.command("CLIENT", "SETNAME", "g:c")
+                # A name of its own: the last round's may still be held while its
+                # connection is released (`CONS id g:c is already taken`).
+                raw.command("CLIENT", "SETNAME", f"g:c{round_}")
                 raw.expect(b"$2\r\nOK\r\n")  # Rafka's reply
                 number = client_id(raw)
                 raw.command("BLPOP", "topics:t", "30")
