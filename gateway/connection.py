@@ -9,12 +9,17 @@ socket is still read, so a disconnect is noticed at once and releases the consum
 (commands pipelined behind it wait their turn in the parser, bounded by the query-buffer
 limit; see gateway.flow). While the client does not read our replies, the connection
 runs no commands.
+
+On the TLS port the handshake runs inside the connection (`loop.start_tls`), after the
+accept: a connection is counted against max_clients and closed by a shutdown from its
+accept on, as on the plaintext port, however long its handshake takes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import ssl
 import types
 from collections.abc import Awaitable
 from time import perf_counter
@@ -41,6 +46,7 @@ from gateway.resp import (
     make_parser,
 )
 from gateway.session import Session, peer_id
+from gateway.tls import HANDSHAKE_TIMEOUT
 
 log = structlog.get_logger("rafka.gateway.server")
 
@@ -53,6 +59,12 @@ CLOSE_GRACE = 2.0
 # one read holds, a client that does not read makes us hold at most this much more than
 # the transport's high-water mark (plus one reply).
 WRITE_BATCH = 256 * 1024
+
+# Bytes a client that has not authenticated may have sent and not yet had parsed into
+# commands (one unfinished request, or a backlog): past it, it is refused and closed, so
+# that a client without credentials cannot make us hold max_query_buffer (Redis refuses
+# a bulk over 16 KiB or more than 10 arguments before AUTH). AUTH and HELLO are small.
+UNAUTHENTICATED_BUFFER = 1024 * 1024
 
 # Reply types that are never awaitable: checked before the (slow) inspect.isawaitable.
 _IMMEDIATE: frozenset[type] = frozenset(
@@ -105,14 +117,19 @@ class Host(Protocol):
 class Connection(asyncio.Protocol):
     """One client connection: the protocol callbacks, command execution and teardown."""
 
-    def __init__(self, host: Host) -> None:
+    def __init__(self, host: Host, tls: ssl.SSLContext | None = None) -> None:
+        """`tls`: the TLS listener's context (the handshake runs after the accept)."""
         self._host = host
         self._config = host.ctx.config
         self._loop = asyncio.get_running_loop()
         self._parser = make_parser(host.limits)
         self._transport: asyncio.Transport | None = None
         self._flow: FlowControl  # from connection_made on
-        self._tls = False  # a TLS connection (set in connection_made)
+        self._tls = tls
+        # The TLS handshake in progress (a task of its own), if any.
+        self._handshake: asyncio.Task[None] | None = None
+        # On the TLS port, bytes read before start_tls took the socket over (_early_data).
+        self._early: bytearray | None = None
         self.session: Session | None = None
         # Resolved once the connection is torn down and forgotten by the server.
         self.closed: asyncio.Future[None] = self._loop.create_future()
@@ -166,17 +183,93 @@ class Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport = cast(asyncio.Transport, transport)
-        self._tls = transport.get_extra_info("sslcontext") is not None
         self._flow = FlowControl(transport, self._loop, self._config.max_query_buffer)
+        # Counted (and in the server's `live`, so that a shutdown closes it) from the
+        # accept on, TLS handshake included: a client that never finishes its handshake
+        # holds a socket as much as an idle one.
         if not self._host.admit(self):
             self._ended = True
             self._flow.stop()
             self._idle.close()
             self._partial.close()
-            transport.write(encode(ErrorReply(errors.max_clients_reached().text)))
+            if self._tls is None:  # over TLS, no handshake yet: no way to tell it why
+                transport.write(encode(ErrorReply(errors.max_clients_reached().text)))
             transport.close()
             return
-        peer = peer_id(transport.get_extra_info("peername"))
+        if self._tls is None:
+            self._open()
+            return
+        # start_tls takes the socket over in the task's first step; until then nothing
+        # should be read (asyncio's loop honours this; uvloop starts reading right after
+        # connection_made whatever we say: see _early_data).
+        transport.pause_reading()
+        self._early = bytearray()
+        self._handshake = self._loop.create_task(self._start_tls(transport, self._tls))
+
+    async def _start_tls(self, raw: asyncio.Transport, context: ssl.SSLContext) -> None:
+        """The TLS handshake, bounded by HANDSHAKE_TIMEOUT; then the session opens. On
+        failure the connection ends (the teardown closes the raw socket); `_end` cancels
+        this task when the connection ends first (shutdown, client gone)."""
+        early, self._early = self._early, None
+        if early:
+            # Scheduled before start_tls schedules its TLS protocol's connection_made,
+            # so that these bytes are handed to that protocol first.
+            self._loop.call_soon(self._replay, raw, bytes(early))
+        try:
+            transport = await self._loop.start_tls(
+                raw, self, context, server_side=True, ssl_handshake_timeout=HANDSHAKE_TIMEOUT
+            )
+            if transport is None:  # asyncio's, when the socket was lost before it began
+                raise ConnectionResetError("connection lost before the TLS handshake")
+        except Exception as error:  # SSLError, ConnectionError (timeout, reset), ...
+            self._handshake = None
+            log.debug(
+                "TLS handshake failed",
+                peer=peer_id(raw.get_extra_info("peername")),
+                error=repr(error),
+            )
+            self._end()
+            return
+        self._handshake = None
+        self._transport = transport
+        self._flow = FlowControl(transport, self._loop, self._config.max_query_buffer)
+        self._open()
+        if self._parser.buffered:
+            self._run()  # commands that came with the end of the handshake
+
+    def _early_data(self, data: bytes) -> None:
+        """Bytes received before the session opens, on the TLS port."""
+        if self._early is not None:
+            # The start of the handshake, read before start_tls took the socket over:
+            # kept for its TLS protocol (_replay), and nothing more is read until then.
+            self._early += data
+            assert self._transport is not None
+            self._transport.pause_reading()
+        else:
+            # The handshake completed with commands right behind it, before start_tls
+            # returned: _start_tls runs them once the session is open.
+            self._parser.feed(data)
+
+    def _replay(self, raw: asyncio.Transport, data: bytes) -> None:
+        """Hand `data` to the TLS protocol start_tls set on `raw` (a BufferedProtocol on
+        both loops) as if just read; before its connection_made (they wait in its input
+        buffer) and before it reads the socket, so in order."""
+        protocol = raw.get_protocol()
+        if protocol is self or raw.is_closing():
+            return  # start_tls failed or was cancelled
+        tls = cast(asyncio.BufferedProtocol, protocol)
+        view = memoryview(data)
+        while view:
+            buffer = memoryview(tls.get_buffer(len(view)))
+            size = min(len(buffer), len(view))
+            buffer[:size] = view[:size]
+            tls.buffer_updated(size)
+            view = view[size:]
+
+    def _open(self) -> None:
+        """The connection is ready for commands (after the TLS handshake, on that port)."""
+        assert self._transport is not None
+        peer = peer_id(self._transport.get_extra_info("peername"))
         self.session = session = Session(self._host.ctx, peer)
         session.writer = self
         self._idle.start()
@@ -184,14 +277,34 @@ class Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._ended:
             return
+        session = self.session
+        if session is None:
+            self._early_data(data)
+            return
         self._parser.feed(data)
         self._idle.touch()
         if self._command is not None:
             # Read on while a command waits (to notice a disconnect), up to the limit.
             self._flow.received_while_waiting(len(data))
-            return
-        if not self._flow.write_paused:
+        elif not self._flow.write_paused:
             self._run()
+        if (
+            not self._ended
+            and not session.authenticated
+            and self._parser.buffered > UNAUTHENTICATED_BUFFER
+        ):
+            self._refuse_unauthenticated()
+
+    def _refuse_unauthenticated(self) -> None:
+        assert self.session is not None and self._transport is not None
+        log.info(
+            "closing an unauthenticated connection that sent too much",
+            client=self.session.id,
+            buffered=self._parser.buffered,
+        )
+        error = errors.unauthenticated_request_too_large(UNAUTHENTICATED_BUFFER)
+        self._transport.write(encode(ErrorReply(error.text), self.session.protocol))
+        self._end()
 
     def eof_received(self) -> bool:
         # The client will send nothing more; everything it sent has been run (or waits
@@ -199,7 +312,7 @@ class Connection(asyncio.Protocol):
         self._end()
         # The teardown closes the transport once the session is released; a TLS
         # transport closes itself after EOF whatever we answer (and warns on True).
-        return not self._tls
+        return self._tls is None
 
     def connection_lost(self, exc: Exception | None) -> None:
         if not self._lost.done():
@@ -450,6 +563,9 @@ class Connection(asyncio.Protocol):
         if self._ended:
             return
         self._ended = True
+        if self._handshake is not None:
+            # Still in its TLS handshake: stop it (start_tls closes the raw socket).
+            self._handshake.cancel()
         self._flow.stop()
         self._idle.close()
         self._partial.close()
@@ -458,7 +574,16 @@ class Connection(asyncio.Protocol):
 
     async def _teardown(self) -> None:
         transport = self._transport
-        assert transport is not None and self.session is not None
+        assert transport is not None
+        if self.session is None:
+            # Ended in its TLS handshake (failed, timed out, stopped): no session to
+            # release and nothing to send; the raw socket goes at once. Our
+            # connection_lost may come or not, before or after (asyncio, uvloop).
+            handshake, self._handshake = self._handshake, None
+            if handshake is not None:
+                await asyncio.gather(handshake, return_exceptions=True)
+            transport.abort()
+            return
         try:
             command = self._command
             if command is not None:

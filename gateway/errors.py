@@ -255,6 +255,14 @@ def hello_noauth() -> RespError:
     )
 
 
+def unauthenticated_request_too_large(limit: int) -> RespError:
+    # Redis refuses a large request before AUTH too ("Protocol error: unauthenticated
+    # bulk length" / "multibulk length"); we bound the bytes of one unfinished request.
+    return err(
+        f"Protocol error: unauthenticated request larger than {limit} bytes, closing the connection"
+    )
+
+
 def wrongpass() -> RespError:
     return RespError("WRONGPASS invalid username-password pair or user is disabled.")
 

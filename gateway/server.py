@@ -15,7 +15,6 @@ import structlog
 from gateway.connection import Connection
 from gateway.context import ServerContext
 from gateway.resp import ParserLimits
-from gateway.tls import HANDSHAKE_TIMEOUT
 
 if TYPE_CHECKING:
     from gateway.metrics import MetricsEndpoint
@@ -41,7 +40,8 @@ class Server:
         )
         # The plaintext and the TLS listeners (either may be off).
         self._listeners: list[asyncio.Server] = []
-        # Accepted connections not yet torn down (a refused one is never in here).
+        # Accepted connections not yet torn down, TLS ones from before their handshake
+        # (a refused one is never in here).
         self.live: set[Connection] = set()
         self._shutdown_task: asyncio.Task[None] | None = None
         # The ports listened on, once started; None when that listener is off.
@@ -53,7 +53,9 @@ class Server:
 
     @property
     def connections(self) -> int:
-        return len(self.live)
+        """Connections with a session: a TLS one once its handshake is done (`live`, which
+        max_clients bounds, holds it from the accept)."""
+        return sum(1 for connection in self.live if connection.session is not None)
 
     @property
     def waiting_commands(self) -> int:
@@ -75,13 +77,14 @@ class Server:
         log.info("Listening", host=config.host, port=self.port, tls_port=self.tls_port)
 
     async def _listen(self, port: int, tls: ssl.SSLContext | None) -> int:
+        # No `ssl=` here: the loop would run the handshake before the connection exists,
+        # uncounted by max_clients and out of reach of a shutdown. The connection runs it
+        # (gateway.connection.Connection._start_tls).
         listener = await asyncio.get_running_loop().create_server(
-            lambda: Connection(self),
+            lambda: Connection(self, tls),
             self.ctx.config.host,
             port,
             reuse_address=True,
-            ssl=tls,
-            ssl_handshake_timeout=HANDSHAKE_TIMEOUT if tls is not None else None,
         )
         self._listeners.append(listener)
         port_: int = listener.sockets[0].getsockname()[1]
