@@ -53,6 +53,8 @@ async def _add(manager: PushManager, raw: str) -> Reply:
         document = json_decoder().decode(raw)
     except json.JSONDecodeError as error:
         raise errors.push_refused(f"invalid JSON: {error}") from None
+    except RecursionError:
+        raise errors.push_refused("invalid JSON: nested too deeply") from None
     try:
         subscription = parse_subscription(document)
         await manager.add(subscription)

@@ -103,8 +103,14 @@ class Deliverer:
     async def _post(self, url: str, body: bytes) -> str | None:
         """None when `url` answered 2xx, else what went wrong."""
         try:
+            # A redirect is not a delivery: aiohttp would follow a 301/302/303 with a
+            # GET without the body, and that GET's 200 would ack a record never posted.
             async with self._http.post(
-                url, data=body, headers=self._headers, timeout=self._timeout
+                url,
+                data=body,
+                headers=self._headers,
+                timeout=self._timeout,
+                allow_redirects=False,
             ) as response:
                 if 200 <= response.status < 300:
                     return None

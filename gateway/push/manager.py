@@ -141,7 +141,10 @@ class PushManager:
     async def stop(self) -> None:
         """Stop every subscription and wait for them (each closes its consumer)."""
         self._stopped = True
-        await self._halt(list(self._tasks))
+        # After a change in progress: an ADD writing the state file launches its
+        # subscription when the write is done, and must not outlive this stop.
+        async with self._changing:
+            await self._halt(list(self._tasks))
 
     async def _save(self, subscriptions: Sequence[Subscription]) -> None:
         try:

@@ -16,9 +16,11 @@ from urllib.parse import urlsplit
 
 from backends.settings import JsonNumber, json_int
 
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 # Header names: HTTP tokens (RFC 9110 §5.6.2).
-HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+# Header values: no control character but tab (RFC 9110 §5.5; aiohttp refuses them).
+HEADER_VALUE_FORBIDDEN = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 # Set by the gateway on every POST; a subscription cannot override them.
 RESERVED_HEADERS = frozenset({"content-type", "content-length", "host", "transfer-encoding"})
 
@@ -103,8 +105,12 @@ def _number(where: str, value: object, minimum: float, maximum: float, *, open_l
 
 def _url(where: str, value: object) -> str:
     url = _text(where, value)
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018  (raises ValueError for a port that is no port)
+    except ValueError:
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
         raise SubscriptionError(f"{where} must be an http:// or https:// URL, got {url!r}")
     return url
 
@@ -123,13 +129,15 @@ def _headers(where: str, value: object) -> dict[str, str]:
         raise SubscriptionError(f"{where} must be a JSON object of strings, got {value!r}")
     headers: dict[str, str] = {}
     for name, item in value.items():
-        if not HEADER_NAME.match(name):
+        if not HEADER_NAME.fullmatch(name):
             raise SubscriptionError(f"{where}: {name!r} is not a valid header name")
         if name.lower() in RESERVED_HEADERS:
             raise SubscriptionError(f"{where}.{name} is set by the gateway and cannot be changed")
         text = item if isinstance(item, str) and not isinstance(item, JsonNumber) else None
-        if text is None or "\r" in text or "\n" in text:
-            raise SubscriptionError(f"{where}.{name} must be a one-line string, got {item!r}")
+        if text is None or HEADER_VALUE_FORBIDDEN.search(text):
+            raise SubscriptionError(
+                f"{where}.{name} must be a one-line string without control characters, got {item!r}"
+            )
         headers[name] = text
     return headers
 
@@ -182,7 +190,7 @@ def parse_subscription(value: object, where: str = "subscription") -> Subscripti
         if key not in value:
             raise SubscriptionError(f"{where}.{key} is required")
     name = _text(f"{where}.name", value["name"])
-    if not NAME.match(name):
+    if not NAME.fullmatch(name):
         raise SubscriptionError(
             f"{where}.name must be 1-100 letters, digits, '.', '_' or '-' (not first), got {name!r}"
         )

@@ -3,19 +3,23 @@ fails (5xx) and stalls on purpose, on a gateway on each real engine."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import concurrent.futures
 import dataclasses
 import json
 import secrets
+import threading
 import time
 from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 
-from gateway.config import Config
+from gateway.config import Config, ConfigError, from_dict
 from gateway.push.spec import parse_subscriptions
 from gateway.runner import ServerThread
 from tests.support.engines import GATEWAY_ENGINES
@@ -236,9 +240,12 @@ def test_a_stalled_url_blocks_neither_another_subscription_nor_shutdown(
 
 
 async def _push_tasks() -> list[str]:
-    import asyncio
-
-    return [t.get_name() for t in asyncio.all_tasks() if t.get_name().startswith("push-")]
+    """The push subscriptions' tasks still running (run on the gateway's loop)."""
+    return [
+        t.get_name()
+        for t in asyncio.all_tasks()
+        if t.get_name().startswith("push-") and not t.done()
+    ]
 
 
 def test_counters_of_each_subscription_reset_with_the_others(
@@ -300,3 +307,257 @@ def test_a_subscription_holds_no_more_records_than_its_concurrency(
         asked = {(r.body["partition"], r.body["offset"]) for r in sink.received("/never")}
         assert 1 <= len(asked) <= 3, asked
         assert stat(server, "push.held.delivered") == 0
+
+
+# --- redirects, specs that can never deliver, a stop racing an ADD, hostile JSON -----------
+
+
+class RedirectingServer:
+    """POST /moved answers `status` with `Location: /landing`; /landing answers 200 to
+    GET and POST and records what it got (method, body)."""
+
+    def __init__(self, status: int) -> None:
+        self.lock = threading.Lock()
+        self.landing: list[tuple[str, bytes]] = []
+        self.moved: list[bytes] = []
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _body(self) -> bytes:
+                return self.rfile.read(int(self.headers.get("Content-Length", "0")))
+
+            def _answer(self, status: int, location: str | None = None) -> None:
+                self.send_response(status)
+                if location is not None:
+                    self.send_header("Location", location)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"ok")
+
+            def do_POST(self) -> None:
+                body = self._body()
+                if self.path == "/moved":
+                    with owner.lock:
+                        owner.moved.append(body)
+                    self._answer(status, "/landing")
+                else:
+                    with owner.lock:
+                        owner.landing.append(("POST", body))
+                    self._answer(200)
+
+            def do_GET(self) -> None:
+                with owner.lock:
+                    owner.landing.append(("GET", b""))
+                self._answer(200)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                """Quiet."""
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, name="redirecting")
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}{path}"
+
+    def __enter__(self) -> RedirectingServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(10)
+
+
+@pytest.mark.parametrize("status", [301, 302, 303])
+def test_a_redirect_that_drops_the_body_is_not_a_delivery(
+    config: Callable[..., Config],
+    new_topic: Callable[[int], str],
+    status: int,
+) -> None:
+    """docs/push.md: a record is acked only once every URL answered 2xx. A URL that
+    answers 301/302/303 has not taken the record; aiohttp follows the redirect with a
+    GET without the body, and the GET's 200 must not count as the record's delivery."""
+    topic, dead = new_topic(1), new_topic(1)
+    with RedirectingServer(status) as web:
+        hook = subscription(
+            "moved",
+            topic,
+            [web.url("/moved")],
+            dead_letter_topic=dead,
+            retry={"attempts": 2, **QUICK},
+        )
+        with ServerThread(config([hook])) as server:
+            produce(server, topic, None, [b"precious"])
+            wait_until(
+                lambda: (
+                    stat(server, "push.moved.delivered") + stat(server, "push.moved.dead_lettered")
+                    >= 1
+                ),
+                30,
+                "the record delivered or dead-lettered",
+            )
+            delivered = stat(server, "push.moved.delivered")
+            with web.lock:
+                landing = list(web.landing)
+        posted = [json.loads(body)["value"] for method, body in landing if method == "POST"]
+        assert delivered == 0 or posted == ["precious"], (
+            f"the record was counted delivered (and acked) after HTTP {status}, yet no URL "
+            f"received it in a POST: the redirect target got {landing}"
+        )
+
+
+GOOD = {"name": "hook", "topic": "t", "group": "g", "urls": ["http://127.0.0.1:9/x"]}
+
+
+@pytest.mark.parametrize(
+    ("change", "key"),
+    [
+        # `$` in the checks' patterns matches before a final newline.
+        ({"name": "hook\n"}, "subscription.name"),
+        ({"headers": {"X-Token\n": "v"}}, "subscription.headers"),
+        # Values aiohttp refuses on every POST ("Forbidden control character").
+        ({"headers": {"X-Token": "a\x00b"}}, "subscription.headers.X-Token"),
+        # Ports aiohttp refuses on every POST (InvalidUrlClientError).
+        ({"urls": ["http://127.0.0.1:99999/x"]}, "subscription.urls[0]"),
+        ({"urls": ["http://127.0.0.1:port/x"]}, "subscription.urls[0]"),
+        # urlsplit raises a plain ValueError: not the key-naming refusal.
+        ({"urls": ["http://[::1/x"]}, "subscription.urls[0]"),
+    ],
+)
+def test_rafka_push_add_refuses_a_subscription_that_can_never_deliver(
+    gateway_config: Any, tmp_path: Any, change: dict[str, Any], key: str
+) -> None:
+    """docs/push.md: a malformed subscription is refused with a message naming the key.
+    These are accepted (+OK) and then every record fails every attempt and ends in the
+    dead-letter topic, or (the last) answered with a bare internal error."""
+    gateway = ServerThread(gateway_config("dafka", data_dir=str(tmp_path)))
+    with gateway as server, client(server) as c:
+        try:
+            reply: Any = c.execute_command("RAFKA.PUSH", "ADD", json.dumps({**GOOD, **change}))
+        except redis.ResponseError as error:
+            reply = f"-{error}"
+        listed = c.execute_command("RAFKA.PUSH", "LIST")
+    assert isinstance(reply, str) and reply.startswith(f"-push: {key}"), (
+        f"RAFKA.PUSH ADD {change} answered {reply!r}, not a refusal naming {key}; "
+        f"the gateway now runs {[json.loads(s)['name'] for s in listed]}"
+    )
+
+
+def test_a_bad_url_in_the_configuration_file_is_a_clear_error_not_a_traceback() -> None:
+    """from_dict (what `rafka -c` reads): ConfigError naming the key, as for every other
+    malformed subscription; a plain ValueError makes rafka exit with a traceback."""
+    try:
+        from_dict({"subscriptions": [{**GOOD, "urls": ["http://[::1/x"]}]})
+    except ConfigError as error:
+        assert str(error).startswith("subscriptions[0].urls[0]"), str(error)
+    except Exception as error:
+        raise AssertionError(
+            f"a malformed URL raised {type(error).__name__}: {error}, not ConfigError"
+        ) from None
+    else:
+        raise AssertionError("a malformed URL was accepted")
+
+
+def _refuses_consumers(port: int) -> bool:
+    """A new connection's BLPOP answers `CONS Server shutdown` (or none is accepted)."""
+    try:
+        with redis.Redis(host="127.0.0.1", port=port, socket_timeout=5) as c:
+            c.execute_command("CLIENT", "SETNAME", "probe:probe")
+            c.execute_command("BLPOP", "topics:probe", "0.05")
+    except redis.ConnectionError:
+        return True
+    except redis.ResponseError as error:
+        return "Server shutdown" in str(error)
+    return False
+
+
+def _unfreeze(gateway: ServerThread) -> None:
+    """Cleanup after a failure only: raise in the gateway's loop thread, which spins in
+    a push task, so that the task ends and the loop (and the test run) can stop."""
+    import ctypes
+
+    ident = gateway._thread.ident
+    assert ident is not None
+    for _ in range(100):
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(
+            ctypes.c_ulong(ident), ctypes.py_object(RuntimeError)
+        )
+        try:
+            gateway.call(_push_tasks(), 0.1)
+            return
+        except concurrent.futures.TimeoutError:
+            continue
+
+
+def test_a_subscription_added_while_the_gateway_stops_does_not_outlive_it(
+    gateway_config: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/push.md (Shutdown): the subscriptions stop with the consumers, before the
+    engine. An ADD whose state file is being written when the shutdown begins must be
+    refused or stopped; it starts a subscription after PushManager.stop() instead, which
+    runs on after the engine stopped. The file write is held (a test hook around
+    _save_state) to make the interleaving certain; it is the fsync a SIGTERM can meet."""
+    import gateway.push.manager as manager
+
+    entered, release = threading.Event(), threading.Event()
+    save = manager._save_state
+
+    def held_save(*args: Any) -> None:
+        entered.set()
+        release.wait(30)
+        save(*args)
+
+    monkeypatch.setattr(manager, "_save_state", held_save)
+    gateway = ServerThread(gateway_config("dafka", data_dir=str(tmp_path))).start()
+    try:
+        port = gateway.port
+        assert not _refuses_consumers(port), "BLPOP refused before the shutdown"
+        replies: list[Any] = []
+
+        def add() -> None:
+            with client(gateway) as c:
+                hook = {**GOOD, "name": "late", "urls": ["http://127.0.0.1:9/x"]}
+                try:
+                    replies.append(c.execute_command("RAFKA.PUSH", "ADD", json.dumps(hook)))
+                except redis.RedisError as error:
+                    replies.append(error)
+
+        adder = threading.Thread(target=add)
+        adder.start()
+        assert entered.wait(10), "RAFKA.PUSH ADD did not reach the state file"
+        stopping = gateway.shutdown_async()
+        # Steps 1-4 of the shutdown run together: once a new BLPOP is refused, the push
+        # subscriptions are being stopped (PushManager.stop() has run on the current code).
+        wait_until(lambda: _refuses_consumers(port), 20, "BLPOP refused by the shutdown")
+        release.set()
+        adder.join(30)
+        try:
+            stopping.result(30)
+        except concurrent.futures.TimeoutError:
+            _unfreeze(gateway)
+            raise AssertionError(
+                "the shutdown did not complete within 30 s: the subscription added while "
+                f"the gateway stopped (ADD answered {replies}) was started after the push "
+                "subscriptions had stopped; the engine's stop closed its consumer and its "
+                "pump spins on next() returning None at once, freezing the event loop"
+            ) from None
+        left = gateway.call(_push_tasks(), 10)
+        assert left == [], (
+            f"push tasks still running after the shutdown completed: {left} "
+            f"(the ADD answered {replies})"
+        )
+    finally:
+        release.set()
+        gateway.stop()
+
+
+def test_deeply_nested_json_is_refused_as_invalid_json(gateway_config: Any, tmp_path: Any) -> None:
+    """RAFKA.PUSH ADD with JSON nested deeper than the decoder's recursion: the client's
+    input is bad, so `-ERR push: invalid JSON ...` as for any other undecodable JSON, not
+    `-ERR internal error, see the server log` with a traceback in the log."""
+    gateway = ServerThread(gateway_config("dafka", data_dir=str(tmp_path)))
+    with gateway as server, client(server) as c, pytest.raises(redis.ResponseError) as error:
+        c.execute_command("RAFKA.PUSH", "ADD", "[" * 100_000)
+    assert str(error.value).startswith("push: invalid JSON"), str(error.value)
