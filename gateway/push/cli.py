@@ -34,6 +34,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("-p", "--port", type=int, default=6380, help="gateway port (6380)")
     parser.add_argument("-a", "--password", help="the gateway's password, if it has one")
     parser.add_argument("--connect-timeout", type=float, default=10.0, help="seconds (10)")
+    parser.add_argument(
+        "--reply-timeout", type=float, default=60.0, help="seconds to wait for the answer (60)"
+    )
     verbs = parser.add_subparsers(dest="verb", required=True)
 
     add = verbs.add_parser("add", help="add a subscription (kept across restarts)")
@@ -133,10 +136,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         port=args.port,
         password=args.password,
         socket_connect_timeout=args.connect_timeout,
-        socket_timeout=60,
+        socket_timeout=args.reply_timeout,
     )
     try:
         reply = client.execute_command(COMMAND, *request)
+    except redis.AuthenticationError as error:  # a ConnectionError to redis-py
+        print(f"rafka-subscriptions: the gateway at {where} refused: {error}", file=sys.stderr)
+        return 1
+    except redis.TimeoutError:
+        wait = f"{args.reply_timeout:g}"
+        print(
+            f"rafka-subscriptions: no answer from the gateway at {where} in {wait} s",
+            file=sys.stderr,
+        )
+        return 1
     except redis.ConnectionError as error:
         print(f"rafka-subscriptions: cannot reach the gateway at {where}: {error}", file=sys.stderr)
         return 1

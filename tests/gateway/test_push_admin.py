@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -24,7 +25,7 @@ from gateway.monitor import REDACTED_ARG, redact
 from gateway.push.spec import parse_subscriptions
 from gateway.runner import ServerThread
 from tests.support.fixtures import EngineFactories, GatewayConfig
-from tests.support.gateway import client
+from tests.support.gateway import client, running
 from tests.support.http_sink import HttpSink
 from tests.support.rafka_process import RAFKA
 from tests.support.waiting import wait_until
@@ -204,6 +205,26 @@ def test_a_gateway_that_cannot_be_reached_is_a_clear_error() -> None:
     assert done.stderr.startswith(
         f"rafka-subscriptions: cannot reach the gateway at 127.0.0.1:{port}"
     )
+
+
+def test_a_wrong_password_and_a_silent_gateway_are_clear_errors(
+    gateway_config: GatewayConfig,
+) -> None:
+    """A wrong password was reported as 'cannot reach the gateway'; a gateway that never
+    answers ended in a traceback (redis-py's TimeoutError is no ConnectionError)."""
+    with running(gateway_config("memory", password="right")) as server:
+        done = tool(server.port, "-a", "wrong", "list")
+        assert done.returncode == 1
+        assert done.stderr.startswith(
+            f"rafka-subscriptions: the gateway at 127.0.0.1:{server.port} refused: "
+        ), done.stderr
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # accepts, never answers
+        port = silent.getsockname()[1]
+        done = tool(port, "--reply-timeout", "0.5", "list")
+    assert done.returncode == 1
+    assert done.stderr == (
+        f"rafka-subscriptions: no answer from the gateway at 127.0.0.1:{port} in 0.5 s\n"
+    ), done.stderr
 
 
 def test_an_unreadable_subscriptions_file_stops_the_start(
