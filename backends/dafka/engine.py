@@ -762,7 +762,15 @@ class DafkaEngine(Engine):
         """The oldest offset the stores keep: 0, unless retention took records; then our
         stores answer a FETCH of 0 with their oldest record, which the reader jumps to."""
         oldest = await self._fetch(topic, address, 0, 1, head, jump=True)
-        return oldest[0][0] if oldest else head + 1
+        if not oldest:
+            # Retention never takes a partition's head record, so a store holding the
+            # partition answers: nothing within the bound is stores that did not answer,
+            # not a partition with nothing held (a read by offset skipped it all).
+            raise self._unanswered(topic)
+        return oldest[0][0]
+
+    def _unanswered(self, topic: str) -> ReadError:
+        return ReadError(f"no store answered a read of {topic} within {self._metadata_timeout:g} s")
 
     async def read(
         self, topic: str, partition: int, start: int, stop: int, limit: int
@@ -778,7 +786,10 @@ class DafkaEngine(Engine):
             return []
         number = self.partition_map.number(topic, address)
         records: list[Record] = []
-        for seq, content in await self._fetch(topic, address, start, last - start + 1, last):
+        answered = await self._fetch(topic, address, start, last - start + 1, last)
+        if not answered:  # held from `start` (above), so some store holds records there
+            raise self._unanswered(topic)
+        for seq, content in answered:
             if len(records) == limit:
                 break
             key, value = unwrap(content)

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import zmq
 
-from backends.base import AckError, EngineOptions, ProduceError, Record, Stats
+from backends.base import AckError, EngineOptions, ProduceError, ReadError, Record, Stats
 from backends.dafka.config import Config
-from backends.dafka.engine import DafkaEngine
+from backends.dafka.engine import DafkaEngine, ReadKey
 from backends.dafka.groups import Member
 from backends.dafka.partitions import foreign_number, own_address
 from backends.dafka.producer import Producer as DafkaProducer
@@ -613,6 +613,41 @@ def test_a_stop_cancelled_half_way_is_finished_by_the_next_call(tmp_path: Path) 
             await engine.stop()
         left = [pid for pid in started if not pid_gone(pid)]
         assert not left, f"the engine stopped with its tower and store still running: {left}"
+
+    run(body())
+
+
+def test_a_read_the_stores_do_not_answer_is_an_error_not_an_empty_partition(
+    network: Config,
+) -> None:
+    """A read by offset whose FETCH no store answered within the bound answered [] (and
+    the first held offset past the head): the Spark source moved past the range, and a
+    describe showed a partition with nothing held (found in review). Retention never
+    takes a partition's head record, so a store holding it always answers: now a
+    ReadError. A stand-in for stores that do not answer: the reader drops the reads'
+    FETCHes (heads are still answered)."""
+
+    async def body() -> None:
+        async with engine_on(network, partitions=1) as engine:
+            producer = engine.producer("s")
+            producer.produce_many("unanswered", None, [b"a", b"b"])
+            assert await producer.flush(WAIT) == 0
+            assert [r.value for r in await engine.read("unanswered", 0, 0, 1, 10)] == [
+                b"a",
+                b"b",
+            ]
+            start = engine.reader.start
+
+            def fetch_never_answered(cursor: object, *args: object, **kwargs: object) -> None:
+                if not isinstance(cursor, ReadKey):
+                    start(cursor, *args, **kwargs)  # type: ignore[arg-type]
+
+            engine.reader.start = fetch_never_answered  # type: ignore[method-assign]
+            engine._metadata_timeout = 0.5
+            with pytest.raises(ReadError, match="no store answered a read of unanswered"):
+                await engine.read("unanswered", 0, 0, 1, 10)
+            with pytest.raises(ReadError, match="no store answered a read of unanswered"):
+                await engine.partition_offsets("unanswered", 0)
 
     run(body())
 
