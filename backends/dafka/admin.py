@@ -22,6 +22,7 @@ import contextlib
 import itertools
 import queue
 import time
+import unicodedata
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
@@ -83,7 +84,10 @@ def check_new_name(name: str) -> None:
     leave no room for `:` or `,`; whitespace and control characters would break
     one-name-a-line listings."""
     check_name(name)
-    if any(c in ":," or c.isspace() or not c.isprintable() for c in name):
+    # Control characters are category Cc; not str.isprintable(), which also refuses
+    # format characters (U+200D of emoji sequences) and code points newer than Python's
+    # Unicode tables, names a gateway addresses.
+    if any(c in ":," or c.isspace() or unicodedata.category(c) == "Cc" for c in name):
         raise AdminError(
             f"invalid topic name {name!r}: a gateway cannot address a topic whose name "
             "holds ':', ',', whitespace or control characters"

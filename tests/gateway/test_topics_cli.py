@@ -8,11 +8,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
+import redis
 
-from tests.support.fixtures import EngineFactories
+from tests.support.fixtures import EngineFactories, GatewayConfig
+from tests.support.gateway import running
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -93,3 +96,36 @@ def test_create_refuses_names_the_gateway_cannot_address(
     assert listed.returncode == 0, listed.stderr
     lines = listed.stdout.splitlines()
     assert name not in lines and "eu" not in lines, f"{name!r} was created: --list {lines}"
+
+
+@pytest.mark.parametrize(
+    "prefix",
+    [
+        "team-\U0001f469\u200d\U0001f4bb",  # 👩‍💻: an emoji ZWJ sequence (U+200D is a format char)
+        "mood-\U0001fae8",  # 🫨 SHAKING FACE, Unicode 15 (unassigned in Python 3.11's tables)
+        "soft\u00adhyphen",  # U+00AD SOFT HYPHEN, a format character
+    ],
+)
+def test_create_takes_names_a_gateway_addresses(
+    engines: EngineFactories, gateway_config: GatewayConfig, tmp_path: Path, prefix: str
+) -> None:
+    """The name holds no ':', ',', whitespace or control character (docs/rafka-topics.md's
+    rule), and a Dafka gateway produces to it and reads it: `--create` must create it.
+    check_new_name refuses every character str.isprintable() rejects: format characters
+    (U+200D in every emoji ZWJ sequence, U+00AD) and code points newer than the
+    interpreter's Unicode tables."""
+    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    config = config_file(engines, "dafka", tmp_path)
+    done = topics("-c", config, "--create", "--topic", name, "--partitions", "2")
+    assert done.returncode == 0, (
+        f"--create --topic {name!r} refused a name the gateway addresses: "
+        f"exit {done.returncode}, stderr {done.stderr.strip()!r}"
+    )
+    with running(gateway_config("dafka")) as gateway:
+        client = redis.Redis(port=gateway.port, socket_timeout=30)
+        assert client.execute_command("RPUSHX", f"topics:{name}:k", "v") == 1
+        assert client.execute_command("DUMP", 10_000) == 0
+        # Both created partitions are addressable through the gateway.
+        heads = [client.llen(f"topics:{name}:{p}") for p in (0, 1)]
+        assert sum(heads) == 1, heads
+        client.close()
