@@ -167,6 +167,7 @@ class Consumer(Closing):
         if self._stash:
             return self._stash.popleft()
         deadline = None if timeout is None else time.monotonic() + timeout
+        reconnected = False
         while True:
             # Without a deadline, BLMPOP/BLPOP for `_grace` seconds at a time: a reply
             # read with a bound (a dead peer is noticed) that a quiet topic never exceeds.
@@ -174,7 +175,13 @@ class Consumer(Closing):
             try:
                 record = self._pop(wait)
             except _Lost as lost:
+                if reconnected and deadline is not None and time.monotonic() >= deadline:
+                    # The session after a reconnect ended at once too, past the deadline:
+                    # the next poll reconnects (with the backoff going on).
+                    self._link.disconnect()
+                    return None
                 self._reconnect(str(lost))
+                reconnected = True
                 # One more BLPOP even past the deadline: an answer is what shows the new
                 # session works (and resets the backoff and reconnect_timeout).
                 continue
