@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -23,6 +24,21 @@ from typing import Any
 import redis
 
 COMMAND = "RAFKA.PUSH"
+# What socket.settimeout takes (time_t seconds): past it, or <= 0, nan, inf, no wait.
+MAX_SECONDS = 365 * 24 * 3600.0
+
+
+def _seconds(text: str) -> float:
+    """A timeout option: a finite number of seconds > 0 (argparse names the option)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not (math.isfinite(value) and 0 < value <= MAX_SECONDS):
+        raise argparse.ArgumentTypeError(
+            f"must be a finite number of seconds > 0 and <= {MAX_SECONDS:g}, got {text!r}"
+        )
+    return value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -33,9 +49,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("-H", "--host", default="127.0.0.1", help="gateway host (127.0.0.1)")
     parser.add_argument("-p", "--port", type=int, default=6380, help="gateway port (6380)")
     parser.add_argument("-a", "--password", help="the gateway's password, if it has one")
-    parser.add_argument("--connect-timeout", type=float, default=10.0, help="seconds (10)")
+    parser.add_argument("--connect-timeout", type=_seconds, default=10.0, help="seconds (10)")
     parser.add_argument(
-        "--reply-timeout", type=float, default=60.0, help="seconds to wait for the answer (60)"
+        "--reply-timeout", type=_seconds, default=60.0, help="seconds to wait for the answer (60)"
     )
     verbs = parser.add_subparsers(dest="verb", required=True)
 

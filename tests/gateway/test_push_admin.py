@@ -236,3 +236,13 @@ def test_an_unreadable_subscriptions_file_stops_the_start(
     assert str(raised.value) == (
         f"{tmp_path}/push-subscriptions.json: subscription 0.topic is required"
     )
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "inf"])
+def test_a_bad_reply_timeout_is_a_usage_error(value: str) -> None:
+    """argparse took any float for --reply-timeout (and --connect-timeout), and
+    socket.settimeout then raised ValueError / OverflowError: a traceback, not a usage
+    error naming the option (found in review)."""
+    done = tool(free_port(), f"--reply-timeout={value}", "list")
+    assert "Traceback" not in done.stderr, done.stderr[-400:]
+    assert done.returncode == 2 and "--reply-timeout" in done.stderr, done.stderr
