@@ -130,6 +130,9 @@ class Connection(asyncio.Protocol):
         self._handshake: asyncio.Task[None] | None = None
         # On the TLS port, bytes read before start_tls took the socket over (_early_data).
         self._early: bytearray | None = None
+        # The client's address, read at the accept: uvloop cannot tell it once the
+        # socket is closed (get_extra_info("peername") raises AttributeError).
+        self._peer = ""
         self.session: Session | None = None
         # Resolved once the connection is torn down and forgotten by the server.
         self.closed: asyncio.Future[None] = self._loop.create_future()
@@ -183,6 +186,7 @@ class Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport = cast(asyncio.Transport, transport)
+        self._peer = peer_id(transport.get_extra_info("peername"))
         self._flow = FlowControl(transport, self._loop, self._config.max_query_buffer)
         # Counted (and in the server's `live`, so that a shutdown closes it) from the
         # accept on, TLS handshake included: a client that never finishes its handshake
@@ -223,19 +227,18 @@ class Connection(asyncio.Protocol):
                 raise ConnectionResetError("connection lost before the TLS handshake")
         except Exception as error:  # SSLError, ConnectionError (timeout, reset), ...
             self._handshake = None
-            log.debug(
-                "TLS handshake failed",
-                peer=peer_id(raw.get_extra_info("peername")),
-                error=repr(error),
-            )
             self._end()
+            log.debug("TLS handshake failed", peer=self._peer, error=repr(error))
             return
+        if self.session is None:  # else opened by its first bytes (_early_data)
+            self._adopt(transport)
+
+    def _adopt(self, transport: asyncio.Transport) -> None:
+        """The handshake is done: the session opens on the TLS transport."""
         self._handshake = None
         self._transport = transport
         self._flow = FlowControl(transport, self._loop, self._config.max_query_buffer)
         self._open()
-        if self._parser.buffered:
-            self._run()  # commands that came with the end of the handshake
 
     def _early_data(self, data: bytes) -> None:
         """Bytes received before the session opens, on the TLS port."""
@@ -246,9 +249,15 @@ class Connection(asyncio.Protocol):
             assert self._transport is not None
             self._transport.pause_reading()
         else:
-            # The handshake completed with commands right behind it, before start_tls
-            # returned: _start_tls runs them once the session is open.
-            self._parser.feed(data)
+            # The handshake is done and these are the first bytes behind it, handed to us
+            # before start_tls returns (asyncio's loop does so in the callback that ends
+            # the handshake, and a close_notify read with them ends the connection in
+            # that same callback): open the session now, on the TLS transport start_tls
+            # is about to return, and run them as any read.
+            assert self._transport is not None
+            tls = self._transport.get_protocol()  # the loop's SSLProtocol
+            self._adopt(tls._get_app_transport())  # type: ignore[attr-defined]
+            self.data_received(data)
 
     def _replay(self, raw: asyncio.Transport, data: bytes) -> None:
         """Hand `data` to the TLS protocol start_tls set on `raw` (a BufferedProtocol on
@@ -268,9 +277,7 @@ class Connection(asyncio.Protocol):
 
     def _open(self) -> None:
         """The connection is ready for commands (after the TLS handshake, on that port)."""
-        assert self._transport is not None
-        peer = peer_id(self._transport.get_extra_info("peername"))
-        self.session = session = Session(self._host.ctx, peer)
+        self.session = session = Session(self._host.ctx, self._peer)
         session.writer = self
         self._idle.start()
 
