@@ -38,17 +38,24 @@ def corrupt_store_db(data: Path) -> Path:
     return db
 
 
-def test_a_corrupt_store_database_is_a_clear_error_not_a_traceback(tmp_path: Path) -> None:
-    data = tmp_path / "data"
-    db = corrupt_store_db(data)
-    config = write(tmp_path / "rafka.json", dafka_document(data))
-    result = subprocess.run(
-        [str(RAFKA), "-c", str(config), "--host", "127.0.0.1", "-p", str(free_port())],
+def finished(command: list[str]) -> subprocess.CompletedProcess[str]:
+    """`command` run to its end from the repository, as a child of ours (60 s at most)."""
+    return subprocess.run(
+        command,
         capture_output=True,
         text=True,
         timeout=60,
         cwd=REPO,
         env={**os.environ, **CHILD_ENV},
+    )
+
+
+def test_a_corrupt_store_database_is_a_clear_error_not_a_traceback(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    db = corrupt_store_db(data)
+    config = write(tmp_path / "rafka.json", dafka_document(data))
+    result = finished(
+        [str(RAFKA), "-c", str(config), "--host", "127.0.0.1", "-p", str(free_port())]
     )
     assert result.returncode == 1, result.stderr
     said = [line for line in result.stderr.splitlines() if line.startswith("rafka:")]
@@ -66,14 +73,7 @@ def test_dafka_stored_on_a_corrupt_database_says_so_in_one_line(tmp_path: Path) 
     config.write_text(f"store\n    db = {db}\n")
     nobody = f"tcp://127.0.0.1:{free_port()}"
     stored = [sys.executable, "-m", "backends.dafka.tools.stored", "-c", str(config)]
-    result = subprocess.run(
-        [*stored, "--pub", nobody, "--sub", nobody],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=REPO,
-        env={**os.environ, **CHILD_ENV},
-    )
+    result = finished([*stored, "--pub", nobody, "--sub", nobody])
     assert result.returncode == 1, result.stderr
     assert "Traceback" not in result.stderr, (
         f"dafka-stored printed a traceback for a corrupt DB:\n{result.stderr[-2500:]}"

