@@ -439,6 +439,13 @@ class Consumer(ABC):
         task must leave the consumer usable and lose no record.
         """
 
+    @property
+    def closed(self) -> bool:
+        """Closed, by close() or by the engine (its stop): next() then returns None at
+        once, so a loop over next() must look here rather than spin. This default: an
+        engine whose consumers never close under their owner."""
+        return False
+
     def next_ready(self) -> Record | None:
         """The next record when it can be handed out at once, without waiting, I/O or a
         thread hop (the gateway then answers BLPOP without a task); else None. Counts and

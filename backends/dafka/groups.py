@@ -603,6 +603,10 @@ class Member(Consumer):
         self.group.ack(self, topic, partition, offset)
         self._engine.stats.incr(Stats.ACKED)
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     async def close(self) -> None:
         if self._close_task is None:
             self._closed = True

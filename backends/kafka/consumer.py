@@ -186,6 +186,10 @@ class KafkaConsumer(Consumer):
         with self._lock:
             return self._count
 
+    @property
+    def closed(self) -> bool:
+        return self._closing
+
     async def next(self, timeout: float | None) -> Record | None:
         if self._closing:
             return None

@@ -131,6 +131,10 @@ class SubscriptionRunner:
                     continue
                 record = await self._next(consumer)
                 if record is None:
+                    if consumer.closed:
+                        # Closed under us (the engine stopped): next() would return None
+                        # at once for ever. run() makes another consumer or backs off.
+                        return
                     continue
                 flow.held += 1
                 lane = lanes.setdefault((record.topic, record.partition), _Lane())

@@ -561,3 +561,31 @@ def test_deeply_nested_json_is_refused_as_invalid_json(gateway_config: Any, tmp_
     with gateway as server, client(server) as c, pytest.raises(redis.ResponseError) as error:
         c.execute_command("RAFKA.PUSH", "ADD", "[" * 100_000)
     assert str(error.value).startswith("push: invalid JSON"), str(error.value)
+
+
+def test_a_subscription_whose_consumer_the_engine_closed_does_not_spin(
+    config: Callable[..., Config], new_topic: Callable[[int], str], sink: HttpSink
+) -> None:
+    """A closed consumer's next() returns None at once, on both engines: a subscription
+    whose consumer the engine closed under it (here the engine stopped behind the
+    gateway's back: a stand-in for an engine that ends its consumers) spun in its pump
+    without ever yielding, and the gateway's loop answered nobody again. The pump now
+    ends on a closed consumer and the runner makes another (or backs off while the
+    engine refuses)."""
+    topic = new_topic(1)
+    gateway = ServerThread(config([subscription("closed", topic, [sink.url("/c")])])).start()
+    try:
+        produce(gateway, topic, None, [b"one"])
+        wait_until(lambda: len(sink.delivered("/c")) == 1, 30, "the record pushed")
+        try:
+            gateway.call(gateway.server.ctx.engine.stop(), 30)
+            with redis.Redis(host="127.0.0.1", port=gateway.port, socket_timeout=5) as c:
+                assert c.ping(), "the gateway's loop does not answer"
+        except (concurrent.futures.TimeoutError, redis.TimeoutError):
+            _unfreeze(gateway)
+            raise AssertionError(
+                "the gateway's loop stopped answering once the engine closed the "
+                "subscription's consumer (its pump spins on next() returning None)"
+            ) from None
+    finally:
+        gateway.stop()

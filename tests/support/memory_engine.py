@@ -407,6 +407,10 @@ class MemoryConsumer(Consumer):
         self._changed = asyncio.Event()
         self._closed = False
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def wake(self) -> None:
         """Something to look at: a record, a new assignment, close (any thread)."""
         with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits
