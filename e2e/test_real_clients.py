@@ -97,6 +97,29 @@ def test_redis_cli_resp3_reads_stats_as_a_map(rafka: RafkaProcess) -> None:
         assert fields[name].isdigit(), f"{name} is not a decimal count: {fields}"
 
 
+def test_redis_cli_pipe_mass_insertion_finishes(
+    rafka: RafkaProcess, deployment: Deployment
+) -> None:
+    """`redis-cli --pipe` ends its input with `ECHO <20 random bytes>` and waits for that
+    bulk to come back before it reports and exits; --pipe-timeout bounds the wait. ECHO
+    was refused (Rafka's 'Command not supported'): every --pipe run waited out the
+    timeout and exited 1 (found in review)."""
+    topic = deployment.new_topic(1)
+    lines = "".join(f"RPUSHX topics:{topic} value-{i}\r\n" for i in range(3))
+    result = subprocess.run(
+        ["redis-cli", "-h", "127.0.0.1", "-p", str(rafka.port), "--pipe", "--pipe-timeout", "5"],
+        input=lines,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0 and "errors: 0, replies: 3" in output, (
+        f"redis-cli --pipe did not finish cleanly (exit {result.returncode}): {output!r}"
+    )
+
+
 def test_redis_rb_produces_and_consumes_every_record(
     rafka: RafkaProcess, deployment: Deployment
 ) -> None:

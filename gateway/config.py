@@ -208,6 +208,13 @@ def _as_text(key: str, value: object) -> str:
     return value
 
 
+def _as_path(key: str, value: object) -> str:
+    text = _as_text(key, value)
+    if not text:  # "" would be the working directory, whatever it is
+        raise ConfigError(f"gateway.{key} must not be empty")
+    return text
+
+
 def _as_users(value: object) -> dict[str, str]:
     if not isinstance(value, dict):
         raise ConfigError("gateway.users must be an object of user name -> password")
@@ -264,7 +271,7 @@ _GATEWAY_KEYS: dict[str, Any] = {
     "log_format": lambda v: _as_choice("log_format", v, LOG_FORMATS),
     "event_loop": lambda v: _as_choice("event_loop", v, EVENT_LOOPS),
     "log_level": lambda v: _as_choice("log_level", v, LOG_LEVELS),
-    "data_dir": lambda v: _as_text("data_dir", v),
+    "data_dir": lambda v: _as_path("data_dir", v),
     "metrics_port": lambda v: None if v is None else _as_int("metrics_port", v, 0, 65535),
     "metrics_host": lambda v: _as_text("metrics_host", v),
     "metrics_lag_timeout": lambda v: _as_seconds("metrics_lag_timeout", v, allow_zero=False),

@@ -1,7 +1,6 @@
 """The `dafka` section of the gateway's configuration file, checked into DafkaSettings.
 
 "dafka": {
-    "data_dir": "rafka-data",          # embedded: where the stores keep the log
     "stores": 1,                       # embedded: how many stores to run
     "tower_sub_address": "tcp://10.0.0.5:5556",   # joined mode (both, or either)
     "tower_pub_address": "tcp://10.0.0.5:5557",
@@ -24,6 +23,7 @@ from __future__ import annotations
 
 import fnmatch
 import math
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -132,8 +132,12 @@ def _seconds(key: str, value: object) -> float:
         number = float(value)  # type: ignore[arg-type]
     except ValueError:
         raise SettingsError(f"dafka.{key} must be a number of seconds, got {value!r}") from None
-    if not math.isfinite(number) or number <= 0:
-        raise SettingsError(f"dafka.{key} must be a finite number > 0, got {value}")
+    # Waited for in threads too (Condition.wait), which refuse more than TIMEOUT_MAX.
+    if not math.isfinite(number) or number <= 0 or number > threading.TIMEOUT_MAX:
+        raise SettingsError(
+            f"dafka.{key} must be a finite number > 0 (at most {threading.TIMEOUT_MAX:.0f}), "
+            f"got {value}"
+        )
     return number
 
 

@@ -1,4 +1,4 @@
-"""Connection commands: PING, QUIT, CLIENT, HELLO, AUTH, SELECT."""
+"""Connection commands: PING, ECHO, QUIT, CLIENT, HELLO, AUTH, SELECT."""
 
 from __future__ import annotations
 
@@ -22,6 +22,14 @@ BULK_OK = b"OK"
 def ping(session: Session, args: list[bytes]) -> Reply:
     # Rafka ignores arguments (no echo, unlike Redis).
     return SimpleString("PONG")
+
+
+def echo(session: Session, args: list[bytes]) -> Reply:
+    # Not one of Rafka's commands, but `redis-cli --pipe` ends its input with ECHO and a
+    # random marker, and waits for that marker to come back before it exits.
+    if len(args) != 2:
+        raise errors.wrong_arity("echo")
+    return args[1]
 
 
 def quit_(session: Session, args: list[bytes]) -> Reply:

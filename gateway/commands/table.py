@@ -157,6 +157,15 @@ _SPECS = (
         (Argument("message", optional=True),),
     ),
     CommandSpec(
+        "ECHO",
+        connection.echo,
+        2,
+        ("fast",),
+        "Answer the message (what `redis-cli --pipe` waits for)",
+        "connection",
+        (Argument("message"),),
+    ),
+    CommandSpec(
         "QUIT",
         connection.quit_,
         -1,

@@ -307,3 +307,23 @@ def test_no_file_at_all_runs_the_embedded_engine(
     config = from_args([])
     assert (config.engine, config.config_path) == ("dafka", None)
     assert config.engine_options().data_dir == "rafka-data"
+
+
+@pytest.mark.parametrize("where", ["file", "flag"])
+def test_an_empty_data_dir_is_refused_naming_the_key(tmp_path: Path, where: str) -> None:
+    """ "" was accepted, and the embedded network put rafka.lock and store-0/ in whatever
+    the working directory was (found in review)."""
+    path = tmp_path / "c.json"
+    document = {"gateway": {"data_dir": ""}} if where == "file" else {}
+    path.write_text(json.dumps(document))
+    flags = ["--data-dir", ""] if where == "flag" else []
+    with pytest.raises(ConfigError, match=r"^gateway\.data_dir must not be empty$"):
+        from_args(["-c", str(path), *flags])
+
+
+def test_a_start_timeout_no_thread_can_wait_is_refused_at_load() -> None:
+    """dafka.start_timeout is also waited for in threads, which refuse more than
+    threading.TIMEOUT_MAX: 1e10 passed the check and rafka died in a traceback while its
+    embedded network started (found in review)."""
+    with pytest.raises(ConfigError, match=r"^dafka\.start_timeout must be a finite number > 0"):
+        from_dict({"dafka": {"start_timeout": 1e10}})

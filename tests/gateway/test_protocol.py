@@ -244,7 +244,7 @@ def test_redis_py_both_protocols(server: ServerThread) -> None:
 def test_command_introspection(server: ServerThread) -> None:
     with Raw(server.port) as raw:
         raw.command("COMMAND", "COUNT")
-        raw.expect(b":19\r\n")
+        raw.expect(b":20\r\n")
         raw.command("COMMAND", "INFO", "rpushx", "nosuch")
         raw.expect(
             b"*2\r\n*10\r\n$6\r\nrpushx\r\n:-3\r\n*2\r\n+write\r\n+fast\r\n"
