@@ -107,8 +107,9 @@ def _next_prefix(prefix: bytes) -> bytes:
 # --- retention policy ---------------------------------------------------------------------
 
 
-class StorageError(RuntimeError):
-    """The DB cannot be opened (missing permissions, or another store holds it)."""
+class StorageError(OSError):
+    """The DB cannot be opened (missing permissions, or another store holds it, or it is
+    corrupt): an OSError, which the programs report as one line (tools.run)."""
 
 
 @dataclass(frozen=True, slots=True)

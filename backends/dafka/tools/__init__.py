@@ -84,14 +84,6 @@ def run(prog: str, body: Callable[[], int]) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
-    except Exception as exc:
-        # A store DB that cannot be opened (corrupt, locked by another store, not a
-        # directory): the storage module is only loaded by the programs that open one.
-        storage = sys.modules.get("backends.dafka.storage")
-        if storage is not None and isinstance(exc, storage.StorageError):
-            print(f"{prog}: error: {exc}", file=sys.stderr)
-            return 1
-        raise
 
 
 def serve(
