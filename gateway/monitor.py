@@ -24,10 +24,15 @@ log = structlog.get_logger("rafka.gateway.monitor")
 REDACTED_ARG = b"(redacted)"
 
 
+def _escape(raw: bytes) -> bytes:
+    """CR and LF written as `\\r`, `\\n`: a monitor's line stays one line."""
+    if b"\r" in raw or b"\n" in raw:
+        raw = raw.replace(b"\r", b"\\r").replace(b"\n", b"\\n")
+    return raw
+
+
 def _quote(arg: bytes) -> bytes:
-    if b"\r" in arg or b"\n" in arg:
-        arg = arg.replace(b"\r", b"\\r").replace(b"\n", b"\\n")
-    return b'"' + arg + b'"'
+    return b'"' + _escape(arg) + b'"'
 
 
 def redact(args: Sequence[bytes]) -> Sequence[bytes]:
@@ -51,9 +56,7 @@ def redact(args: Sequence[bytes]) -> Sequence[bytes]:
 def format_line(client_id: str, args: Sequence[bytes], now: float) -> bytes:
     quoted = b" ".join(_quote(arg) for arg in redact(args))
     # The id is a client's SETNAME, which may hold CR/LF too: escaped as the arguments.
-    name = client_id.encode("utf-8", "replace")
-    if b"\r" in name or b"\n" in name:
-        name = name.replace(b"\r", b"\\r").replace(b"\n", b"\\n")
+    name = _escape(client_id.encode("utf-8", "replace"))
     return b"+%.6f [0 %s] %s\r\n" % (now, name, quoted)
 
 
