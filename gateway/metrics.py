@@ -38,7 +38,7 @@ from gateway.context import ServerContext
 from gateway.lag import LagReader, LagUnavailable
 from gateway.latency import BUCKETS, CommandLatency
 from gateway.metrics_server import MetricsServer, serve
-from gateway.push.runner import counter_names
+from gateway.push.runner import counter_of
 from gateway.stats import ServerStats
 
 log = structlog.get_logger("rafka.gateway.metrics")
@@ -48,8 +48,6 @@ PREFIX = "rafka_"
 STOP_TIMEOUT = 10.0
 _NOT_A_NAME = re.compile(r"[^a-zA-Z0-9_]")
 _BOUNDS = [f"{bound:g}" for bound in BUCKETS] + ["+Inf"]
-PUSH_PREFIX = "push."
-PUSH_KINDS = frozenset(counter_names("").keys())
 
 
 def stat_metric(name: str) -> str:
@@ -92,8 +90,9 @@ class GatewayCollector(Collector):
         pushes: dict[str, CounterMetricFamily] = {}
         for name, value in self._ctx.stats.snapshot().items():
             doc = f"HGETALL stats: {name}"
-            subscription, _, kind = name.removeprefix(PUSH_PREFIX).rpartition(".")
-            if name.startswith(PUSH_PREFIX) and subscription and kind in PUSH_KINDS:
+            push = counter_of(name)
+            if push is not None:
+                subscription, kind = push
                 family = pushes.get(kind)
                 if family is None:
                     family = pushes[kind] = CounterMetricFamily(

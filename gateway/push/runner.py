@@ -48,12 +48,20 @@ POLL = 0.2
 DEAD_LETTER_FLUSH = 10.0
 
 
+COUNTER_KINDS = ("delivered", "failed_attempts", "dead_lettered", "errors")
+
+
 def counter_names(name: str) -> dict[str, str]:
-    """The stats counters of subscription `name` (HGETALL stats)."""
-    return {
-        kind: f"push.{name}.{kind}"
-        for kind in ("delivered", "failed_attempts", "dead_lettered", "errors")
-    }
+    """The stats counters of subscription `name` (HGETALL stats): `push.<name>.<kind>`."""
+    return {kind: f"push.{name}.{kind}" for kind in COUNTER_KINDS}
+
+
+def counter_of(stat: str) -> tuple[str, str] | None:
+    """(subscription, kind) of a counter `counter_names` made; None for another stat."""
+    if not stat.startswith("push."):
+        return None
+    name, _, kind = stat.removeprefix("push.").rpartition(".")
+    return (name, kind) if name and kind in COUNTER_KINDS else None
 
 
 @dataclass
