@@ -75,3 +75,16 @@ def take(consumer: Consumer, count: int, timeout: float = WAIT) -> list[Record]:
             got = [r.value for r in records]
             raise AssertionError(f"expected {count} records within {timeout}s, got {got}")
     return records
+
+
+def proxied_consumer(proxy_port: int, topic: str) -> Consumer:
+    """A consumer of `topic` through a TcpProxy on `proxy_port` that reconnects quickly
+    (backoff 0.05 to 0.2 s) and gives up after 1 s without a working session."""
+    return Consumer(
+        new_group(),
+        "c",
+        topic,
+        url=f"redis://127.0.0.1:{proxy_port}",
+        backoff=(0.05, 0.2),
+        reconnect_timeout=1.0,
+    )

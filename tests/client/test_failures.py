@@ -25,7 +25,7 @@ from rafka_client import (
 )
 
 from gateway.runner import ServerThread
-from tests.client.conftest import WAIT, new_group, take
+from tests.client.conftest import WAIT, new_group, proxied_consumer, take
 from tests.gateway.test_backpressure import kafka_without_broker
 from tests.support.fixtures import EngineFactories
 from tests.support.gateway import running
@@ -199,14 +199,7 @@ def test_a_later_loss_reconnects_even_if_the_last_poll_ended_with_a_reconnect(
     url, topic = target
     port = int(url.rsplit(":", 1)[1])
     with TcpProxy(port) as proxy:
-        consumer = Consumer(
-            new_group(),
-            "c",
-            topic,
-            url=f"redis://127.0.0.1:{proxy.port}",
-            backoff=(0.05, 0.2),
-            reconnect_timeout=1.0,
-        )
+        consumer = proxied_consumer(proxy.port, topic)
         assert consumer.poll(0.1) is None  # a working session
         assert proxy.cut() == 1
         assert consumer.poll(0) is None  # the loss is noticed, reconnected at once

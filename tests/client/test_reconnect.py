@@ -17,7 +17,7 @@ from rafka_client import ConnectionLost, Consumer, DeliveryUnknown, Producer, Re
 
 from backends.ports import free_port
 from gateway.runner import ServerThread
-from tests.client.conftest import WAIT, Backend, new_group, take
+from tests.client.conftest import WAIT, Backend, new_group, proxied_consumer, take
 from tests.support.engines import EngineFactory
 from tests.support.gateway import Raw
 from tests.support.proxy import TcpProxy
@@ -179,14 +179,7 @@ def test_a_consumer_gives_up_when_the_server_stays_away(backend: Backend) -> Non
     topic = backend.new_topic(1)
     port = int(backend.url.rsplit(":", 1)[1])
     proxy = TcpProxy(port).start()
-    consumer = Consumer(
-        new_group(),
-        "c",
-        topic,
-        url=f"redis://127.0.0.1:{proxy.port}",
-        backoff=(0.05, 0.2),
-        reconnect_timeout=1.0,
-    )
+    consumer = proxied_consumer(proxy.port, topic)
     assert consumer.poll(0.1) is None
     proxy.close()  # the connection is cut and nothing listens any more
     started = time.monotonic()
