@@ -38,9 +38,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="rafka-bench-tls-") as tmp:
         certs = make_certs(Path(tmp) / "certs")
         plain, secure = free_port(), free_port()
-        argv = [str(RAFKA), "--host", "127.0.0.1", "-p", str(plain), "--tls-port", str(secure)]
-        argv += ["--tls-cert-file", str(certs.server_cert), "--tls-key-file"]
-        argv += [str(certs.server_key), "--tls-auth-clients", "no"]
+        argv = [str(RAFKA), "--host", "127.0.0.1", "-p", str(plain), *certs.server_flags(secure)]
         child = start(
             [*argv, "--data-dir", str(Path(tmp) / "data")],
             name="rafka",

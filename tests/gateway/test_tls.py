@@ -284,16 +284,7 @@ def test_tls_settings_from_the_file_and_flags(certs: Certs, tmp_path: Path) -> N
         6390,
     )
     # Flags alone, and flags over the file.
-    flags = [
-        "--tls-port",
-        "7002",
-        "--tls-cert-file",
-        str(certs.server_cert),
-        "--tls-key-file",
-        str(certs.server_key),
-        "--tls-auth-clients",
-        "no",
-    ]
+    flags = certs.server_flags(7002)
     config = from_args(["-c", str(path), *flags])
     assert (config.port, config.tls_port, config.tls_auth_clients) == (6380, 7002, "no")
     empty = tmp_path / "empty.json"

@@ -167,14 +167,7 @@ def test_silent_tls_connections_do_not_deny_service(certs: Certs, tmp_path: Path
         None,
         "--data-dir",
         str(tmp_path / "data"),
-        "--tls-port",
-        str(tls_port),
-        "--tls-cert-file",
-        str(certs.server_cert),
-        "--tls-key-file",
-        str(certs.server_key),
-        "--tls-auth-clients",
-        "no",
+        *certs.server_flags(tls_port),
         wrapper=["prlimit", f"--nofile={limit}:{limit}"],
     )
     rafka.start()

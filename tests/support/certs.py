@@ -20,6 +20,19 @@ class Certs:
     stranger_cert: Path
     stranger_key: Path
 
+    def server_flags(self, tls_port: int | str, auth_clients: str = "no") -> list[str]:
+        """`rafka`'s flags for a TLS port with this server certificate."""
+        return [
+            "--tls-port",
+            str(tls_port),
+            "--tls-cert-file",
+            str(self.server_cert),
+            "--tls-key-file",
+            str(self.server_key),
+            "--tls-auth-clients",
+            auth_clients,
+        ]
+
 
 def make_certs(directory: Path) -> Certs:
     directory.mkdir(parents=True, exist_ok=True)
