@@ -30,7 +30,7 @@ What must not change, and how it holds:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from confluent_kafka import KafkaError
@@ -102,15 +102,8 @@ class Pending:
         self, topic: str, key: bytes | None, value: bytes, size: int, callback: Callable[..., None]
     ) -> bool:
         """Defer one record if librdkafka is sure to take it; False: produce it alone."""
-        if self._count >= self._room_count or self._bytes + size > self._room_bytes:
-            self.send()
-            if self._closed:  # produce() gives the closed producer's refusal, as before
-                return False
-            self._look(size)
-            if self._room_count < 1 or size > self._room_bytes:
-                return False
-        if size > self._largest:
-            self._largest = size
+        if not self.reserve(1, size, size):
+            return False
         if key is None:
             message = {"value": value, "callback": callback}
         else:
@@ -121,11 +114,44 @@ class Pending:
             self._batches[topic] = [message]
         else:
             batch.append(message)
-        self._count += 1
-        self._bytes += size
         if not self._scheduled:
             self._schedule()
         return True
+
+    def reserve(self, count: int, size: int, largest: int) -> bool:
+        """Make room for `count` records of `size` bytes in all (none over `largest`) if
+        librdkafka is sure to take them all, and count them as deferred: the caller then
+        defers exactly those, at once (`defer`). False: none is counted; produce them
+        alone."""
+        if self._count + count > self._room_count or self._bytes + size > self._room_bytes:
+            self.send()
+            if self._closed:  # produce() gives the closed producer's refusal, as before
+                return False
+            self._look(largest)
+            if count > self._room_count or size > self._room_bytes:
+                return False
+        if largest > self._largest:
+            self._largest = largest
+        self._count += count
+        self._bytes += size
+        return True
+
+    def defer(
+        self, topic: str, key: bytes | None, values: Sequence[bytes], callback: Callable[..., None]
+    ) -> None:
+        """Defer `values`, in order, for which reserve() made room."""
+        if key is None:
+            messages = [{"value": value, "callback": callback} for value in values]
+        else:
+            messages = [{"value": value, "key": key, "callback": callback} for value in values]
+            self._keyed.add(topic)
+        batch = self._batches.get(topic)
+        if batch is None:
+            self._batches[topic] = messages
+        else:
+            batch.extend(messages)
+        if not self._scheduled:
+            self._schedule()
 
     def saw(self, count: int, size: int) -> None:
         """`count` records of at most `size` bytes go to librdkafka alone: they bound what

@@ -30,7 +30,14 @@ import structlog
 from confluent_kafka import KafkaError, KafkaException, Message
 from confluent_kafka import Producer as RdProducer
 
-from backends.base import ProduceError, Producer, ProducerCreationError, QueueFullError, Stats
+from backends.base import (
+    ProduceError,
+    Producer,
+    ProducerCreationError,
+    QueueFullError,
+    Run,
+    Stats,
+)
 from backends.kafka.pending import Pending
 from backends.kafka.sticky import UNASSIGNED
 from backends.kafka.texts import creation_error_text, error_text
@@ -298,36 +305,61 @@ class ProducerHandle(Producer):
         pending = self._pending
         extra = 0 if key is None else len(key)
         largest = max(map(len, values)) + extra
-        taken = 0
-        if topic in self._known and largest <= pending.max_size:
-            # Deferred while librdkafka surely takes them; the rest, if any, go alone.
-            take, on_delivery = pending.take, self._delivery_cb
-            for value in values:
-                if not take(topic, key, value, len(value) + extra, on_delivery):
-                    break
-                taken += 1
-            self._shared.produced += taken
-            if taken == count:
-                return count
+        if (
+            topic in self._known
+            and largest <= pending.max_size
+            and pending.reserve(count, sum(map(len, values)) + extra * count, largest)
+        ):
+            # Deferred, all of them, when librdkafka surely takes them all; else all go
+            # alone, and the one refused says how many went in.
+            pending.defer(topic, key, values, self._delivery_cb)
+            self._shared.produced += count
+            return count
         pending.send()  # the records accepted before these go first
-        pending.saw(count - taken, largest)
+        pending.saw(count, largest)
         rd_produce = self._rd_produce
         on_delivery = self._delivery_cb if topic in self._known else self._learning_cb
-        enqueued = taken
+        enqueued = 0
         refused_at = self._shared.generation
         try:
-            for enqueued in range(taken, count):  # `enqueued` is read on refusal
+            for enqueued in range(count):  # `enqueued` is read on refusal
                 rd_produce(topic, values[enqueued], key, UNASSIGNED, on_delivery)
         except _REFUSALS as exc:
             # `enqueued` is the refused record's index: the ones before it stay queued.
             self._unproduce(count - enqueued)
-            self._shared.produced += enqueued - taken
+            self._shared.produced += enqueued
             self._shared.poll_soon()
             self._refused_at = refused_at
             raise _refusal(exc, enqueued) from None
-        self._shared.produced += count - taken
+        self._shared.produced += count
         self._shared.poll_soon()
         return count
+
+    def produce_grouped(self, runs: Sequence[Run]) -> bool:
+        # A pipeline round-robin over many topics: every run deferred at once when
+        # librdkafka surely takes them all (as produce_many's values), instead of one
+        # produce() per value in order; a value of a topic not known yet, or too large,
+        # may be refused at produce() time: declined, the gateway then runs them in order.
+        if self._closed:
+            return False
+        known = self._known
+        count = size = largest = 0
+        for topic, key, values in runs:
+            if topic not in known:
+                return False
+            extra = 0 if key is None else len(key)
+            count += len(values)
+            size += sum(map(len, values)) + extra * len(values)
+            largest = max(largest, max(map(len, values), default=0) + extra)
+        pending = self._pending
+        if largest > pending.max_size or not pending.reserve(count, size, largest):
+            return False
+        self._produced += count
+        defer, on_delivery = pending.defer, self._delivery_cb
+        for topic, key, values in runs:
+            defer(topic, key, values, on_delivery)
+        self._shared.produced += count
+        return True
 
     def _unproduce(self, count: int) -> None:
         """`count` records counted as produced were refused: not outstanding after all."""

@@ -118,6 +118,40 @@ async def test_a_handle_outliving_the_engine_is_refused_on_a_known_topic(
     assert engine.stats.get(Stats.DELIVERY_ERRORS) == 0
 
 
+@asyncio_test
+async def test_grouped_runs_are_deferred_whole_or_declined(tansu: TansuBroker) -> None:
+    """produce_grouped (a pipeline round-robin over topics, its values gathered by topic)
+    takes every run at once on topics librdkafka knows, with room for all; it takes none
+    when a topic is not known yet (librdkafka may refuse it at produce() time) or when
+    the queue has room for only some: the gateway then produces them in order, and the
+    one refused says where."""
+    first, second, unknown = tansu.create_topic(1), tansu.create_topic(1), tansu.create_topic(1)
+    # Room for 4 records, held 1 s: the calls below all find the queue as they left it.
+    small = {"queue.buffering.max.messages": "4", "queue.buffering.max.ms": "1000"}
+    async with running_engine(tansu.bootstrap, producer=small) as engine:
+        handle = engine.producer("s")
+        await known(engine, handle, first)
+        await known(engine, handle, second)
+        assert not handle.produce_grouped([(first, None, [b"x"]), (unknown, None, [b"y"])])
+        assert not handle.produce_grouped(
+            [(first, None, [b"a0", b"a1", b"a2"]), (second, b"k", [b"b0", b"b1"])]
+        ), "5 records taken where librdkafka has room for 4"
+        assert engine.stats.get(Stats.PRODUCED) == 2, "declined, yet records went in"
+        assert handle.outstanding() == 0
+        assert handle.produce_grouped([(first, None, [b"a0", b"a1"]), (second, b"k", [b"b0"])])
+        assert engine.stats.get(Stats.PRODUCED) == 5
+        assert handle.outstanding() == 3
+        assert await handle.flush(WAIT) == 0, "DUMP answered before the records were delivered"
+        assert engine.stats.get(Stats.DELIVERED) == 5
+        for topic, expected in ((first, [b"first", b"a0", b"a1"]), (second, [b"first", b"b0"])):
+            consumer = await engine.consumer(new_group(), "c1", [topic], {})
+            records = await consume(consumer, len(expected))
+            await consumer.close()
+            assert [r.value for r in records] == expected
+        assert records[1].key == b"k"
+        await handle.close(1)
+
+
 def sticky_of(engine: KafkaEngine) -> StickyPartitions:
     return engine._shared_producer().pending.sticky
 
