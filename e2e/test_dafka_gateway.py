@@ -15,7 +15,7 @@ import pytest
 import redis
 
 from backends.ports import free_port
-from e2e.helpers import WAIT, consume, dafka_document, drain, produce
+from e2e.helpers import WAIT, consume, dafka_document, drain, produce, store_entries
 from tests.support.dafka_programs import Program, zpl
 from tests.support.processes import children
 from tests.support.rafka_process import RAFKA, RafkaProcess
@@ -61,6 +61,52 @@ def test_restart_keeps_records_partitions_and_commits(tmp_path: Path) -> None:
     assert len({partition for partition, _, _ in first + rest}) == 1, "the key moved"
     offsets = [offset for _, offset, _ in first + rest]
     assert offsets == list(range(11)), "offsets continue after the restart, none reused"
+
+
+def test_a_store_wide_retention_in_bytes_keeps_a_quiet_groups_commit(tmp_path: Path) -> None:
+    """`__rafka_offsets` goes by time only: a store-wide `store/retention/bytes` once took
+    a quiet group's last commit when other groups committed more, and after a restart
+    that group got every record it had acked again."""
+    data = tmp_path / "data"
+    settings = {"store/retention/bytes": "2000", "store/retention/check_interval": "100"}
+    config = write(tmp_path / "rafka.json", dafka_document(data, settings=settings))
+    db = data / "store-0" / "db"
+
+    def commits() -> list[bytes]:
+        return [value for _, value in store_entries(db, b"M__rafka_offsets\0") or []]
+
+    server = RafkaProcess(config)
+    server.start()
+    try:
+        produce(server.port, "p1-quiet", [f"q{i}" for i in range(10)])
+        assert [offset for _, offset, _ in consume(server.port, "quiet", "p1-quiet", 5)] == [
+            *range(5)
+        ]
+        wait_until(
+            lambda: any(b'"quiet"' in value for value in commits()),
+            WAIT,
+            "the quiet group's commit never reached the store",
+        )
+        # A busy group with a long name commits a round per consume (each QUIT commits).
+        busy = "busy-" + "x" * 300
+        produce(server.port, "p1-busy", [f"b{i}" for i in range(12)])
+        for _ in range(12):
+            consume(server.port, busy, "p1-busy", 1)
+        # A retention pass that began after every commit was stored: it trims a topic
+        # written after them (`__rafka_offsets` sorts before it in the same pass).
+        produce(server.port, "p1-marker", ["m" * 1000 for _ in range(4)])
+        wait_until(
+            lambda: len(store_entries(db, b"Mp1-marker\0") or [None] * 4) < 4,
+            WAIT,
+            "retention never ran after the commits",
+        )
+        assert server.terminate() == 0, server.stderr()
+        server = RafkaProcess(config, server.port)
+        server.start()
+        again = consume(server.port, "quiet", "p1-quiet", 1)
+    finally:
+        server.kill()
+    assert [offset for _, offset, _ in again] == [5], f"the quiet group's commit was lost: {again}"
 
 
 def test_kill_9_loses_no_dumped_record_and_leaves_no_orphan(tmp_path: Path) -> None:

@@ -155,6 +155,21 @@ def test_embedded_gateway_data_directory(tmp_path: Path) -> None:
 
         assert ok(*where, "--delete", "--topic", "live") == "Deleted topic live.\n"
         assert records_of(data / "store-0" / "db", "live") == 0, "records left in the store"
+        wait_until(
+            lambda: "topic deleted (rafka-topics)" in gateway.stderr(),
+            WAIT,
+            "the running gateway did not follow the delete",
+        )
+        # Reads by offset of what the deletion took, as of records retention took: none
+        # held, the offsets go on (no wait for a head record the stores no longer hold).
+        reader = redis.Redis(port=gateway.port, socket_timeout=WAIT)
+        for partition, (_, following) in partitions(out).items():
+            assert reader.llen(f"topics:live:{partition}") == following
+            gone = rf"offsets 0 to {following - 1} of live:{partition} are no longer held"
+            with pytest.raises(redis.ResponseError, match=gone):
+                reader.lrange(f"topics:live:{partition}", 0, -1)
+            assert reader.lrange(f"topics:live:{partition}", following, -1) == []
+        reader.close()
         assert ok(*where, "--list", "--exclude-internal") == "later\n"
         fails(*where, "--describe", "--topic", "live", match="'live' does not exist")
         fails(*where, "--delete", "--topic", "live", match="'live' does not exist")

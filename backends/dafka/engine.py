@@ -759,13 +759,18 @@ class DafkaEngine(Engine):
         return PartitionOffsets(await self._first_held(topic, address, head), head + 1)
 
     async def _first_held(self, topic: str, address: str, head: int) -> int:
-        """The oldest offset the stores keep: 0, unless retention took records; then our
-        stores answer a FETCH of 0 with their oldest record, which the reader jumps to."""
+        """The oldest offset the stores keep: 0, unless retention or a deletion took
+        records; then our stores answer a FETCH of 0 with their oldest record, which the
+        reader jumps to. Past `head` when the topic was deleted through it."""
+        entry = self.catalog.get(topic)
+        if entry is not None and entry.deleted and head <= entry.heads.get(address, -1):
+            return head + 1  # the stores dropped every record of it, its head's too
         oldest = await self._fetch(topic, address, 0, 1, head, jump=True)
         if not oldest:
-            # Retention never takes a partition's head record, so a store holding the
-            # partition answers: nothing within the bound is stores that did not answer,
-            # not a partition with nothing held (a read by offset skipped it all).
+            # Retention never takes a partition's head record, nor does a deletion once
+            # records came after it, so a store holding the partition answers: nothing
+            # within the bound is stores that did not answer, not a partition with
+            # nothing held (a read by offset skipped it all).
             raise self._unanswered(topic)
         return oldest[0][0]
 

@@ -11,7 +11,8 @@ import zmq
 from rocksdict import WriteBatch
 
 from backends.dafka.catalog import TOPICS_TOPIC, Catalog, TopicEntry, created, deleted
-from backends.dafka.config import Config
+from backends.dafka.config import Config, ConfigError
+from backends.dafka.offsets import OFFSETS_TOPIC
 from backends.dafka.storage import Retention, Storage, partition_keys
 from backends.dafka.store import Store
 from backends.dafka.store.retention import RetentionPolicy
@@ -67,6 +68,39 @@ def test_retention_policy_takes_catalog_overrides() -> None:
     assert not forever.active
     forever.apply_entry(created("t", 1, {"retention.ms": "5"}))
     assert forever.active and forever(b"t") == Retention(ms=5)
+
+
+def test_committed_offsets_go_by_time_only_unless_configured() -> None:
+    """A store-wide bound in bytes would take a quiet group's last commit once others
+    commit more: `__rafka_offsets` keeps the store's time bound, or its own."""
+    offsets = OFFSETS_TOPIC.encode()
+    policy = RetentionPolicy(Config({"store/retention/ms": 1000, "store/retention/bytes": 50}))
+    assert policy(b"t") == Retention(ms=1000, bytes=50)
+    assert policy(offsets) == Retention(ms=1000)
+    assert policy(TOPICS_TOPIC.encode()).forever
+    own = f"store/topics/{OFFSETS_TOPIC}/retention"
+    configured = RetentionPolicy(Config({"store/retention/bytes": 50, f"{own}/bytes": 70}))
+    assert configured(offsets) == Retention(bytes=70)
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "refusal"),
+    [
+        ("store/topics/orders/retention/ms", "1h", "is not an integer"),
+        ("store/topics/orders/retention/bytes", "10MB", "is not an integer"),
+        ("store/retention/check_interval", "10000000000000", "is more than"),
+    ],
+)
+def test_retention_settings_a_store_cannot_apply_are_refused_at_start(
+    tmp_path: Path, setting: str, value: str, refusal: str
+) -> None:
+    """As `store/retention/ms = 1h` is: a topic's retention that is no integer was taken
+    as no retention (forever), and a check interval past what a thread can wait killed
+    the retention thread once the store ran."""
+    config = Config({"store/db": str(tmp_path / "db"), setting: value})
+    with pytest.raises(ConfigError, match=f"config {setting} = .* {refusal}"):
+        Store(config, zmq.Context.instance())
+    assert not (tmp_path / "db").exists(), "refused before the DB was opened"
 
 
 def test_delete_drops_records_keeps_heads_and_the_partition_continues(

@@ -24,7 +24,7 @@ import structlog
 import zmq
 
 from backends.dafka.catalog import TOPICS_TOPIC, Catalog
-from backends.dafka.config import Config
+from backends.dafka.config import Config, ConfigError
 from backends.dafka.head_push import HeadPush
 from backends.dafka.storage import Storage
 from backends.dafka.store.actor import StoreParts
@@ -47,6 +47,11 @@ class Store:
         # DB locked or the actors running.
         self.retention = RetentionPolicy(config)
         interval = max(1, config.get_int("store/retention/check_interval", 300_000))
+        if interval / 1000 > threading.TIMEOUT_MAX:  # the retention thread waits that long
+            raise ConfigError(
+                f"config store/retention/check_interval = {interval} is more than "
+                f"{int(threading.TIMEOUT_MAX * 1000)} ms"
+            )
         self.push = HeadPush(
             config.get_int("store/push_heads/interval"), config.get_int("store/push_heads/duration")
         )

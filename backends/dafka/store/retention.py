@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from backends.dafka.catalog import TOPICS_TOPIC, TopicEntry, retention_values
 from backends.dafka.config import Config, ConfigError
+from backends.dafka.offsets import OFFSETS_TOPIC
 from backends.dafka.storage import Retention
 
 
@@ -27,24 +28,31 @@ def retention_policy(config: Config) -> Callable[[bytes], Retention] | None:
     default = Retention(
         config.get_int("store/retention/ms", -1), config.get_int("store/retention/bytes", -1)
     )
-    finite = not default.forever or any(
-        path.startswith("store/topics/")
-        and path.endswith(("/retention/ms", "/retention/bytes"))
-        and value.strip() not in ("", "-1")
+    per_topic = [
+        (path, value)
         for path, value in config.items()
-    )
+        if path.startswith("store/topics/") and path.endswith(("/retention/ms", "/retention/bytes"))
+    ]
+    for path, _ in per_topic:
+        config.get_int(path)  # ConfigError: refused at start, as store/retention/ms is
+    finite = not default.forever or any(value.strip() not in ("", "-1") for _, value in per_topic)
     if not finite:
         return None
     cache: dict[bytes, Retention] = {}
-    catalog = TOPICS_TOPIC.encode()
+    # The topic catalog is kept unless configured otherwise: it holds what every gateway
+    # needs to know of the topics created. The gateways' committed offsets go by time
+    # only: a snapshot of the live ones is written every `snapshot_interval`, but a
+    # bound in bytes would take a quiet group's last commit once others commit more.
+    fallbacks = {
+        TOPICS_TOPIC.encode(): Retention(),
+        OFFSETS_TOPIC.encode(): Retention(default.ms, -1),
+    }
 
     def policy_for(subject: bytes) -> Retention:
         policy = cache.get(subject)
         if policy is None:
             base = f"store/topics/{subject.decode(errors='replace')}/retention"
-            # The topic catalog is kept unless configured otherwise: it holds what
-            # every gateway needs to know of the topics created.
-            fallback = Retention() if subject == catalog else default
+            fallback = fallbacks.get(subject, default)
             try:
                 policy = Retention(
                     config.get_int(f"{base}/ms", fallback.ms),
