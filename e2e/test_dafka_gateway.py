@@ -221,11 +221,18 @@ def test_data_directory_locked_or_unusable_is_a_clear_error(
     assert str(blocker) in result.stderr, result.stderr
 
 
-def test_a_tower_that_never_answers_is_a_clear_error_in_time(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "bound",
+    [{"start_timeout": 1}, {"settings": {"beacon/ready_timeout": "1000"}}],
+    ids=["start_timeout", "beacon-ready_timeout"],
+)
+def test_a_tower_that_never_answers_is_a_clear_error_in_time(
+    tmp_path: Path, bound: dict[str, Any]
+) -> None:
+    """Whichever bound passes first: one line, no traceback (the beacon's own bound
+    ended in one)."""
     nobody = f"tcp://127.0.0.1:{free_port()}"
-    document = {
-        "dafka": {"tower_sub_address": nobody, "tower_pub_address": nobody, "start_timeout": 1}
-    }
+    document = {"dafka": {"tower_sub_address": nobody, "tower_pub_address": nobody, **bound}}
     result = subprocess.run(
         [str(RAFKA), "-c", str(write(tmp_path / "r.json", document)), "-p", str(free_port())],
         capture_output=True,
@@ -233,7 +240,26 @@ def test_a_tower_that_never_answers_is_a_clear_error_in_time(tmp_path: Path) -> 
         timeout=60,
     )
     assert result.returncode == 1
+    assert "Traceback" not in result.stderr, result.stderr
+    assert "rafka: cannot start the dafka engine: " in result.stderr, result.stderr
     assert "no Dafka tower answered within 1 s" in result.stderr, result.stderr
+
+
+def test_a_store_setting_the_embedded_network_owns_is_one_line(tmp_path: Path) -> None:
+    """`store/db` copied from deploy/dafka-stored-*.cfg into `dafka.settings`."""
+    document = {"dafka": {"settings": {"store/db": str(tmp_path / "db")}}}
+    result = subprocess.run(
+        [str(RAFKA), "-c", str(write(tmp_path / "r.json", document)), "-p", str(free_port())],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        "rafka: cannot start the dafka engine: store settings store/db: set by the embedded"
+        " network itself"
+    ), result.stderr
 
 
 def test_acks_of_partitions_that_do_not_exist_are_refused(embedded: RafkaProcess) -> None:

@@ -43,6 +43,7 @@ from backends.base import (
     Stats,
     UnknownPartitionError,
 )
+from backends.dafka.beacon import TowerUnreachable
 from backends.dafka.catalog import TOPICS_TOPIC, Catalog, TopicEntry, is_gone
 from backends.dafka.config import Config as DafkaConfig
 from backends.dafka.embedded import EmbeddedNetwork, EmbeddedNetworkError
@@ -178,7 +179,10 @@ class EmbeddedMode(Network):
 def network_for(settings: DafkaSettings, data_dir: str, stop_timeout: float = 10.0) -> Network:
     if settings.joined:
         return JoinedNetwork(settings)
-    return EmbeddedMode(settings, data_dir, stop_timeout)
+    try:
+        return EmbeddedMode(settings, data_dir, stop_timeout)
+    except ValueError as error:  # a store setting the embedded network sets itself
+        raise EngineError(str(error)) from None
 
 
 class DafkaEngine(Engine):
@@ -296,7 +300,7 @@ class DafkaEngine(Engine):
             for entry in self.catalog.entries():
                 if entry.deleted:
                     self.offsets.forget(entry.topic, entry.unix_ms)
-        except (NotSettled, EngineError, OSError, ValueError) as error:
+        except (NotSettled, TowerUnreachable, EngineError, OSError, ValueError) as error:
             await self._stop_started()
             raise EngineError(f"cannot join the Dafka network: {error}") from None
         except BaseException:
