@@ -1,5 +1,6 @@
-"""What `HGETALL stats` shows: the engine's counters (`backends.base.Stats`), then the
-gateway's own, of connections. `DEL stats` zeroes every counter but not the gauges."""
+"""What `HGETALL stats` shows: the engine's fixed counters (`backends.base.Stats`), the
+gateway's own, of connections, then the counters added while running. `DEL stats` zeroes
+every counter but not the gauges."""
 
 from __future__ import annotations
 
@@ -38,10 +39,13 @@ class ServerStats:
         return self.engine.get(name)
 
     def snapshot(self) -> dict[str, int]:
-        """Every counter and gauge: the engine's (Rafka's three first), then ours."""
+        """Every counter and gauge: the engine's fixed ones (Rafka's three first), ours,
+        then those added while running (HTTP push subscriptions': docs/gateway.md)."""
         with self._lock:
             own = dict(self._values)
-        return {**self.engine.snapshot(), **own}
+        engine = list(self.engine.snapshot().items())
+        fixed = len(self.engine.COUNTERS)  # first: add_counters appends
+        return {**dict(engine[:fixed]), **own, **dict(engine[fixed:])}
 
     def reset(self) -> None:
         self.engine.reset()
