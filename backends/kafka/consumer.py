@@ -64,6 +64,7 @@ from backends.base import (
     RecordBatch,
     Stats,
 )
+from backends.kafka.rdlog import librdkafka_logger
 from backends.kafka.records import Partition, record_of, records_of
 from backends.kafka.texts import creation_error_text, error_text
 from backends.settings import redacted
@@ -167,7 +168,7 @@ class KafkaConsumer(Consumer):
         if str(config.get("enable.auto.offset.store", "true")).lower() in _TRUE:
             config["enable.auto.offset.store"] = "false"  # stored as handed out instead
             self._auto_store = True
-        consumer = RdConsumer(config)
+        consumer = RdConsumer(config, logger=librdkafka_logger)
         try:
             consumer.subscribe(
                 topics,

@@ -39,6 +39,7 @@ from backends.base import (
     Stats,
 )
 from backends.kafka.pending import Pending
+from backends.kafka.rdlog import librdkafka_logger
 from backends.kafka.sticky import UNASSIGNED
 from backends.kafka.texts import creation_error_text, error_text
 from backends.settings import redacted
@@ -76,7 +77,7 @@ class SharedProducer:
         except RuntimeError:
             raise ProducerCreationError(NO_LOOP) from None
         self._loop_thread = threading.get_ident()
-        conf: dict[str, Any] = {**config, "error_cb": self._on_error}
+        conf: dict[str, Any] = {**config, "error_cb": self._on_error, "logger": librdkafka_logger}
         try:
             self.rd = RdProducer(conf)
         except Exception as exc:  # librdkafka rejects names and values here

@@ -34,6 +34,7 @@ from confluent_kafka import (
 )
 
 from backends.base import PartitionOffsets, ReadError, Record, UnknownPartitionError
+from backends.kafka.rdlog import librdkafka_logger
 from backends.kafka.records import record_of
 from backends.kafka.texts import creation_error_text, error_text
 
@@ -133,7 +134,7 @@ class _Reader:
         self._topic, self._partition = topic, partition
         self._deadline, self._abandon = deadline, abandon
         try:
-            self._rd = RdConsumer(dict(config))
+            self._rd = RdConsumer(dict(config), logger=librdkafka_logger)
         except Exception as exc:
             raise ReadError(creation_error_text(exc)) from None
 

@@ -16,7 +16,7 @@ import redis
 
 from backends.dafka.settings import DafkaSettings
 from backends.kafka.settings import KafkaSettings
-from backends.ports import free_port
+from backends.ports import answers_ping, free_port
 from backends.process import spawn
 from backends.registry import ENGINES
 from gateway import __version__
@@ -242,6 +242,39 @@ def test_cli_serves_then_exits_0_on_sigterm(tmp_path: Path, tansu: TansuBroker) 
     engine = started["config"]["engine_settings"]
     assert engine["producer"]["sasl.password"] == REDACTED
     assert engine["librdkafka"] == confluent_kafka.libversion()[0]
+
+
+def test_log_json_lines_are_json_while_the_broker_is_down(tmp_path: Path) -> None:
+    """librdkafka's own lines (a broker refusing connections) went raw to stderr
+    (`%3|...|FAIL|rdkafka#producer-1| ...`), breaking a JSON log pipeline just when it
+    matters; they come as our JSON lines now."""
+    port = free_port()
+    path = write(tmp_path, {"general": {"bootstrap.servers": f"127.0.0.1:{free_port()}"}})
+    process = spawn(
+        [*RAFKA, "-c", path, "--host", "127.0.0.1", "-p", str(port), "--log-json"],
+        env={"PYTHONUNBUFFERED": "1"},
+        keep_lines=None,
+    )
+    try:
+        wait_until(lambda: answers_ping(port), 15, "rafka to answer PING")
+        client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=10)
+        assert client.rpushx("topics:logs", "x") == 1
+        assert client.execute_command("DUMP", "2000") == 1, "delivered to no broker?"
+        client.close()
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(30) == 0
+    finally:
+        process.stop()
+    lines = []
+    for line in process.stderr_lines:
+        try:
+            lines.append(json.loads(line))
+        except ValueError:
+            raise AssertionError(f"not a JSON line: {line!r}") from None
+    failures = [line for line in lines if line["event"] == "librdkafka"]
+    assert failures, "librdkafka said nothing of the broker refusing connections"
+    assert failures[0]["facility"] and "rdkafka#" in failures[0]["client"], failures[0]
+    assert "Connection refused" in " ".join(line["text"] for line in failures)
 
 
 def test_the_gateway_names_the_engine_and_loads_only_that_one() -> None:
