@@ -14,8 +14,10 @@ from pathlib import Path
 import pytest
 import redis
 
+from backends.ports import free_port
 from e2e.helpers import Deployment
-from tests.support.rafka_process import REPO, RafkaProcess
+from tests.support.proxy import TcpProxy
+from tests.support.rafka_process import REPO, RafkaProcess, start_rafka
 
 RUBY_CLIENT = REPO / "clients" / "ruby-example" / "rafka_example.rb"
 
@@ -206,3 +208,42 @@ def test_sigterm_answers_blocked_consumer_and_exits_zero(
         producer.close()
         consumer.close()
         server.kill()
+
+
+def test_the_ruby_example_never_reports_records_lost_with_a_connection_as_flushed(
+    tmp_path: Path,
+) -> None:
+    """The Ruby example's producer reconnected (redis-rb's `reconnect_attempts`) and re-sent
+    a DUMP cut off while it waited: the new connection had produced nothing, so it
+    answered 0 and the example printed {"flushed":0} for records never delivered. A
+    connection lost is an error now. (A Kafka engine whose broker does not answer keeps
+    the DUMP waiting while the connection is cut.)"""
+    document = {"general": {"bootstrap.servers": f"127.0.0.1:{free_port()}"}}
+    child, port = start_rafka(tmp_path, document, "--engine", "kafka")
+    proxy = TcpProxy(port).start()
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as monitor:
+            monitor.sendall(b"MONITOR\r\n")
+            lines = monitor.makefile("rb")
+            assert lines.readline() == b"+OK\r\n"
+            example = subprocess.Popen(
+                ["ruby", str(RUBY_CLIENT), "produce", str(proxy.port), "rbflush", "3"],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            try:
+                while b'"dump"' not in (line := lines.readline()).lower():
+                    assert line, "MONITOR closed before the DUMP came"
+                proxy.cut()  # a network blip while DUMP waits for the broker
+                out, err = example.communicate(timeout=60)
+            finally:
+                example.kill()
+        stats = redis.Redis(port=port, protocol=2, socket_timeout=30).hgetall("stats")
+    finally:
+        proxy.close()
+        child.stop(30)
+    assert int(stats[b"producer.delivered.messages"]) == 0
+    assert out == "", f"the example printed {out.strip()} for records never delivered"
+    assert example.returncode == 1
+    assert "rafka_example: connection lost" in err, err

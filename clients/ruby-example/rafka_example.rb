@@ -51,8 +51,13 @@ module RafkaExample
   end
 
   class Producer
-    def initialize(port)
-      @redis = Redis.new(host: "127.0.0.1", port: port, reconnect_attempts: 5,
+    # No reconnects: DUMP answers for the records sent on its own connection, so a DUMP
+    # re-sent on a new one (redis-rb's reconnect) would answer 0 for records that went
+    # with the old one. A lost connection raises; produce the batch again. The read
+    # timeout outlasts the DUMP's own.
+    def initialize(port, flush_timeout_ms: 5000)
+      @redis = Redis.new(host: "127.0.0.1", port: port, reconnect_attempts: 0,
+                         read_timeout: flush_timeout_ms / 1000.0 + 5,
                          **RafkaExample.connection_options)
     end
 
@@ -121,8 +126,13 @@ def main(argv)
   when "produce"
     port, topic, count, key = argv
     producer = RafkaExample::Producer.new(Integer(port))
-    Integer(count).times { |i| producer.produce(topic, i.to_s, key: key) }
-    puts({ flushed: producer.flush(5000) }.to_json)
+    begin
+      Integer(count).times { |i| producer.produce(topic, i.to_s, key: key) }
+      puts({ flushed: producer.flush(5000) }.to_json)
+    rescue Redis::BaseConnectionError => e
+      warn "rafka_example: connection lost (#{e.message}): the records may not be stored"
+      exit 1
+    end
     producer.close
   when "consume"
     port, topic, group, count = argv
