@@ -349,8 +349,13 @@ class Local:
         return code
 
     def down(self) -> dict[str, int]:
-        """Stop everything, dependents first; the exit codes."""
-        return {service: self.stop(service) for service in reversed(list(self.order))}
+        """Stop everything, dependents first; the exit codes. As `docker compose down`
+        removes the containers, their anonymous volumes go too: the next `up` makes new
+        ones (named volumes stay)."""
+        codes = {service: self.stop(service) for service in reversed(list(self.order))}
+        for service in codes:
+            shutil.rmtree(self.tmp / "anonymous" / service, ignore_errors=True)
+        return codes
 
     def kill_all(self) -> None:
         for service in reversed(list(self.order)):

@@ -218,6 +218,7 @@ def test_dafka_profile_a_tower_two_stores_and_a_joined_gateway(local: Local) -> 
     assert local.health_output["rafka-dafka"] == "PONG"
     topic = f"t{uuid.uuid4().hex[:6]}"
     round_trip(local, "rafka-dafka", "g1", topic)
+    add_subscription(local, "rafka-dafka")
     assert local.down() == dict.fromkeys(DAFKA_SERVICES, 0)
 
     # acks=all: DUMP returned once both stores held every record, each on its own volume.
@@ -225,6 +226,25 @@ def test_dafka_profile_a_tower_two_stores_and_a_joined_gateway(local: Local) -> 
         with Storage(local.tmp / "volumes" / volume / "db") as storage:
             heads = storage.heads(topic.encode())
         assert sum(head + 1 for _, head in heads) == 10, f"{volume}: {heads}"
+    assert_subscription_kept(local, "rafka-dafka")
+    assert local.down() == dict.fromkeys(DAFKA_SERVICES, 0)
+
+
+def add_subscription(local: Local, service: str) -> None:
+    """A push subscription added at run time: kept in the gateway's data directory."""
+    never_reached = "http://127.0.0.1:9/orders"  # being kept is what counts here
+    subscription = {"name": "kept", "topic": "orders", "group": "kept", "urls": [never_reached]}
+    with local.redis(service) as client:
+        assert client.execute_command("RAFKA.PUSH", "ADD", json.dumps(subscription))
+
+
+def assert_subscription_kept(local: Local, service: str) -> None:
+    """The container recreated (`docker compose down`, then `up`) still has it: the data
+    directory is on a named volume, not the image's anonymous one."""
+    local.up(service)
+    with local.redis(service) as client:
+        kept = [json.loads(entry)["name"] for entry in client.execute_command("RAFKA.PUSH", "LIST")]
+    assert kept == ["kept"], f"{service} lost its run-time push subscription: {kept}"
 
 
 @pytest.mark.kafka  # a Tansu broker stands in for the kafka service
@@ -234,4 +254,7 @@ def test_kafka_profile_gateway_on_a_tansu_broker(local: Local) -> None:
     # Group joins take half of session.timeout.ms on Tansu: this consumer asks for less.
     fast_join = json.dumps({"session.timeout.ms": 2000, "heartbeat.interval.ms": 500})
     round_trip(local, "rafka-kafka", "g1", f"t{uuid.uuid4().hex[:6]}", f":{fast_join}")
+    add_subscription(local, "rafka-kafka")
+    assert local.down() == {"rafka-kafka": 0, "kafka": 0}
+    assert_subscription_kept(local, "rafka-kafka")
     assert local.down() == {"rafka-kafka": 0, "kafka": 0}
