@@ -25,7 +25,9 @@ class _ToStructlog(logging.Handler):
         _log.log(record.levelno, "librdkafka", facility=facility, client=client, text=text)
 
 
-librdkafka_logger = logging.getLogger("rafka.kafka.librdkafka")
+# Not structlog's logger name: structlog may sit on the standard library's loggers (the
+# tests' configuration does), and this handler would then receive its own lines.
+librdkafka_logger = logging.getLogger("confluent_kafka.librdkafka")
 librdkafka_logger.addHandler(_ToStructlog())
 librdkafka_logger.setLevel(logging.DEBUG)  # librdkafka's own `log_level` filters first
 librdkafka_logger.propagate = False
