@@ -186,13 +186,20 @@ def _as_int(key: str, value: object, minimum: int, maximum: int | None = None) -
     return json_int(f"gateway.{key}", value, minimum, maximum, ConfigError)
 
 
-def _as_seconds(key: str, value: object, *, allow_zero: bool) -> float:
+# The longest wait an engine call takes: librdkafka counts its timeouts in milliseconds as a
+# 32-bit int (a longer one overflowed, and failed at once as "Local: Timed out").
+ENGINE_WAIT_MAX = 2_147_483.0
+
+
+def _as_seconds(key: str, value: object, *, allow_zero: bool, most: float = math.inf) -> float:
     if isinstance(value, bool) or not isinstance(value, JsonNumber | int | float):
         raise ConfigError(f"gateway.{key} must be a number of seconds, got {value!r}")
     number = float(value)
     if not math.isfinite(number) or number < 0 or (number == 0 and not allow_zero):
         bound = ">= 0" if allow_zero else "> 0"
         raise ConfigError(f"gateway.{key} must be a finite number {bound}, got {value}")
+    if number > most:
+        raise ConfigError(f"gateway.{key} must be at most {most:.0f} s, got {value}")
     return number
 
 
@@ -263,7 +270,9 @@ _GATEWAY_KEYS: dict[str, Any] = {
     "produce_block_timeout": lambda v: _as_seconds("produce_block_timeout", v, allow_zero=True),
     "producer_close_timeout": lambda v: _as_seconds("producer_close_timeout", v, allow_zero=True),
     "shutdown_timeout": lambda v: _as_seconds("shutdown_timeout", v, allow_zero=False),
-    "metadata_timeout": lambda v: _as_seconds("metadata_timeout", v, allow_zero=False),
+    "metadata_timeout": lambda v: _as_seconds(
+        "metadata_timeout", v, allow_zero=False, most=ENGINE_WAIT_MAX
+    ),
     "monitor_queue_size": lambda v: _as_int("monitor_queue_size", v, 1),
     "monitor_queue_bytes": lambda v: _as_int("monitor_queue_bytes", v, 1),
     "consume_batch": lambda v: _as_int("consume_batch", v, 1, 1_000_000),

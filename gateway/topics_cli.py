@@ -27,7 +27,14 @@ from typing import Any, NoReturn
 from backends.base import Admin, AdminError, EngineOptions, TopicDescription
 from backends.registry import ENGINES, engine_entry
 from gateway import __version__, logs
-from gateway.config import DEFAULT_CONFIG, Config, ConfigError, check_document, read_file
+from gateway.config import (
+    DEFAULT_CONFIG,
+    ENGINE_WAIT_MAX,
+    Config,
+    ConfigError,
+    check_document,
+    read_file,
+)
 
 PROG = "rafka-topics"
 DEFAULT_TIMEOUT = 10.0
@@ -143,8 +150,11 @@ def _check_usage(args: argparse.Namespace) -> None:
         raise UsageError("--list takes no --topic")
     if args.topic is not None and not args.topic:
         raise UsageError("--topic must not be empty")
-    if not (math.isfinite(args.timeout) and args.timeout > 0):
-        raise UsageError(f"--timeout must be a finite number > 0, got {args.timeout:g}")
+    if not (math.isfinite(args.timeout) and 0 < args.timeout <= ENGINE_WAIT_MAX):
+        raise UsageError(
+            f"--timeout must be a finite number > 0 and at most {ENGINE_WAIT_MAX:.0f}, "
+            f"got {args.timeout:g}"
+        )
 
 
 def describe_lines(description: TopicDescription) -> list[str]:

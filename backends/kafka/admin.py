@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
@@ -38,11 +37,11 @@ from backends.base import (
     TopicPartitionOffsets,
     UnknownTopicError,
 )
+from backends.kafka import topic_names
 from backends.kafka.settings import KafkaSettings
 from backends.kafka.texts import creation_error_text
 
-# Kafka's rule for topic names (kafka.common.internals.Topic).
-LEGAL_NAME = re.compile(r"[a-zA-Z0-9._-]{1,249}")
+MAX_PARTITIONS = 2**31 - 1
 # librdkafka's own log lines would repeat on stderr what the errors say.
 _quiet = logging.getLogger("rafka.kafka.admin.librdkafka")
 _quiet.addHandler(logging.NullHandler())
@@ -103,8 +102,8 @@ class KafkaAdmin(Admin):
 
     async def create_topic(self, name: str, partitions: int, config: Mapping[str, str]) -> None:
         _check_name(name)
-        if partitions < 1:
-            raise AdminError(f"partitions must be at least 1, got {partitions}")
+        if not 1 <= partitions <= MAX_PARTITIONS:  # Kafka's partition count is an int32
+            raise AdminError(f"partitions must be 1 to {MAX_PARTITIONS}, got {partitions}")
         await asyncio.to_thread(self._create, name, partitions, dict(config))
 
     def _create(self, name: str, partitions: int, config: dict[str, str]) -> None:
@@ -119,6 +118,8 @@ class KafkaAdmin(Admin):
             if _code(error) == KafkaError.TOPIC_ALREADY_EXISTS:
                 raise TopicExistsError(f"Topic '{name}' already exists.") from None
             raise AdminError(f"cannot create topic {name}: {_text(error)}") from None
+        except TimeoutError:
+            raise AdminError(f"cannot create topic {name}: {self._silent()}") from None
         self._wait_metadata(name, lambda t: t is not None and len(t.partitions) == partitions)
 
     async def delete_topic(self, name: str) -> None:
@@ -137,7 +138,12 @@ class KafkaAdmin(Admin):
             if _code(error) == KafkaError.UNKNOWN_TOPIC_OR_PART:
                 raise UnknownTopicError(f"Topic '{name}' does not exist.") from None
             raise AdminError(f"cannot delete topic {name}: {_text(error)}") from None
+        except TimeoutError:
+            raise AdminError(f"cannot delete topic {name}: {self._silent()}") from None
         self._wait_metadata(name, lambda t: t is None)
+
+    def _silent(self) -> str:
+        return f"the cluster at {self._brokers} did not answer within {self._timeout:g} s"
 
     def _wait_metadata(self, name: str, done: Any) -> None:
         """Until the cluster's metadata shows the change (bounded: a slow cluster still
@@ -239,9 +245,11 @@ class KafkaAdmin(Admin):
     def _config(self, topic: str) -> Mapping[str, str]:
         resource = ConfigResource(ResourceType.TOPIC, topic)
         try:
-            entries = self._admin().describe_configs([resource])[resource].result(self._timeout)
-        except KafkaException:
-            return MappingProxyType({})  # a broker without DescribeConfigs: settings unknown
+            future = self._admin().describe_configs([resource], request_timeout=self._timeout)
+            entries = future[resource].result(self._timeout + 1)
+        except (KafkaException, TimeoutError):
+            # A broker without DescribeConfigs, or not answering it: settings unknown.
+            return MappingProxyType({})
         return MappingProxyType(
             {
                 key: str(entry.value)
@@ -268,6 +276,8 @@ class KafkaAdmin(Admin):
             listed = admin.list_consumer_groups(request_timeout=self._timeout).result()
         except KafkaException as error:
             raise AdminError(f"cannot list the consumer groups: {_text(error)}") from None
+        if listed.errors:  # per broker, not raised: a description without them would lie
+            raise AdminError(f"cannot list the consumer groups: {_text(listed.errors[0])}")
         for group in sorted(g.group_id for g in listed.valid):
             request = ConsumerGroupTopicPartitions(group, partitions)
             try:
@@ -293,7 +303,7 @@ class KafkaAdmin(Admin):
 
 
 def _check_name(name: str) -> None:
-    if name in (".", "..") or not LEGAL_NAME.fullmatch(name):
+    if not topic_names.is_legal(name):
         raise AdminError(
             f"invalid topic name {name!r}: Kafka allows 1 to 249 characters of "
             "a-z, A-Z, 0-9, '.', '_' and '-'"

@@ -34,6 +34,7 @@ from confluent_kafka import (
 )
 
 from backends.base import PartitionOffsets, ReadError, Record, UnknownPartitionError
+from backends.kafka import topic_names
 from backends.kafka.rdlog import librdkafka_logger
 from backends.kafka.records import record_of
 from backends.kafka.texts import creation_error_text, error_text
@@ -155,7 +156,9 @@ class _Reader:
 
     def watermarks(self) -> tuple[int, int]:
         """(first held, reported high watermark); the latter may be too low (Tansu)."""
-        if not 0 <= self._partition < 2**31:
+        # A name no broker can hold: a broker answers "Invalid topic", which librdkafka
+        # retried until the read's bound, holding one of the reader threads.
+        if not (0 <= self._partition < 2**31 and topic_names.is_legal(self._topic)):
             raise UnknownPartitionError(f"Unknown partition {self._where()}")
         tp = TopicPartition(self._topic, self._partition)
         try:

@@ -55,8 +55,18 @@ class KafkaSettings:
     producer: Mapping[str, str]
 
 
+# confluent-kafka's own keys, which take Python objects (callables, a logger), not text:
+# given a string, each poll of the client failed.
+PYTHON_OBJECTS = frozenset(
+    {"logger", "error_cb", "stats_cb", "throttle_cb", "oauth_cb", "on_delivery", "on_commit"}
+)
+
+
 def property_value(key: str, value: object) -> str:
-    """A librdkafka property value as text; raises ValueError for other JSON types."""
+    """A librdkafka property value as text; raises ValueError for other JSON types and
+    for confluent-kafka's keys that take Python objects."""
+    if key.rpartition(".")[2] in PYTHON_OBJECTS:  # `key` may be `<section>.<name>`
+        raise ValueError(f"{key}: not a librdkafka property (confluent-kafka's own)")
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):  # includes JsonNumber

@@ -112,6 +112,14 @@ def test_gateway_section_and_flags(tmp_path: Path) -> None:
         ({"consumer": {"a": {"b": 1}}}, "consumer.a: nested objects and arrays are not allowed"),
         ({"general": {"a": [1]}}, "general.a: nested objects and arrays are not allowed"),
         ({"producer": {"a": None}}, "producer.a: must be a string, a number or a boolean"),
+        # confluent-kafka's keys for Python objects: a string there failed every poll.
+        ({"general": {"logger": "x"}}, "general.logger: not a librdkafka property"),
+        ({"consumer": {"on_commit": "f"}}, "consumer.on_commit: not a librdkafka property"),
+        # librdkafka counts its waits in 32-bit milliseconds: longer failed at once.
+        (
+            {"gateway": {"metadata_timeout": 2592000}},
+            "gateway.metadata_timeout must be at most 2147483 s, got 2592000",
+        ),
         ({"consumer": []}, "section 'consumer' must be a JSON object"),
         ({"gateway": {"engine": "x"}}, "gateway.engine must be one of dafka, kafka"),
         ({"gateway": {"port": "6380"}}, "gateway.port must be an integer"),

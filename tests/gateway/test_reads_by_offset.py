@@ -172,6 +172,10 @@ def test_empty_partitions_unknown_partitions_and_ranges_over_the_limit(
         unknown = {
             f"topics:{topic}:2": f"ERR unknown topic or partition {topic}:2",
             "topics:no-such-topic-here:0": "ERR unknown topic or partition no-such-topic-here:0",
+            # Names a Kafka broker cannot hold: librdkafka retried "Invalid topic" until
+            # metadata_timeout, holding one of the engine's 4 reader threads meanwhile.
+            "topics:a b:0": "ERR unknown topic or partition a b:0",
+            "topics:caf\u00e9:0": "ERR unknown topic or partition caf\u00e9:0",
         }
         for where, text in unknown.items():
             assert refusal(c.llen, where) == text

@@ -56,14 +56,26 @@ def test_an_empty_topic_name_is_refused_not_read_as_every_topic(
     assert_clear_failure(done, '--describe --topic ""')
 
 
+@pytest.mark.parametrize("timeout", ["inf", "2592000"])
 def test_bad_timeout_is_a_usage_error(
+    engine_name: str, engines: EngineFactories, tmp_path: Path, timeout: str
+) -> None:
+    """`--timeout inf` passed the `> 0` check and the Dafka engine died on it; 30 days
+    overflowed librdkafka's milliseconds, and a reachable broker was "unreachable"."""
+    config = config_file(engines, engine_name, tmp_path)
+    done = topics("-c", config, "--list", "--timeout", timeout)
+    assert_clear_failure(done, f"--timeout {timeout}")
+    assert "--timeout" in done.stderr, done.stderr
+
+
+def test_more_partitions_than_a_broker_counts_is_a_clear_error(
     engine_name: str, engines: EngineFactories, tmp_path: Path
 ) -> None:
-    """`--timeout inf` passes the `> 0` check; the Dafka engine then dies on it."""
+    """Kafka counts partitions in a 32-bit int: 3,000,000,000 was an OverflowError."""
     config = config_file(engines, engine_name, tmp_path)
-    done = topics("-c", config, "--list", "--timeout", "inf")
-    assert_clear_failure(done, "--timeout inf")
-    assert "--timeout" in done.stderr, done.stderr
+    done = topics("-c", config, "--create", "--topic", "many", "--partitions", "3000000000")
+    assert_clear_failure(done, "--partitions 3000000000")
+    assert "partitions" in done.stderr, done.stderr
 
 
 def test_a_malformed_tower_address_is_a_clear_error(tmp_path: Path) -> None:

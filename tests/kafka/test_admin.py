@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+from collections.abc import Iterator
 
 import pytest
 from confluent_kafka import Consumer as RawConsumer
@@ -23,6 +24,7 @@ from backends.base import (
 from backends.kafka.admin import KafkaAdmin
 from backends.ports import free_port
 from tests.support.kafka import kafka_settings
+from tests.support.kafka_proxy import KafkaProxy
 from tests.support.tansu import TansuBroker
 
 pytestmark = pytest.mark.kafka
@@ -72,7 +74,7 @@ def test_create_describe_delete(tansu: TansuBroker) -> None:
                 await admin.delete_topic(name)
             with pytest.raises(AdminError, match="invalid topic name"):
                 await admin.create_topic("a:b", 1, {})
-            with pytest.raises(AdminError, match="partitions must be at least 1"):
+            with pytest.raises(AdminError, match="partitions must be 1 to 2147483647"):
                 await admin.create_topic(name, 0, {})
             assert name not in await admin.list_topics(), "bad input created nothing"
 
@@ -86,3 +88,69 @@ def test_unreachable_cluster_is_a_clear_error() -> None:
                 await admin.list_topics()
 
     run(body())
+
+
+# Kafka API keys of the requests a held broker never answers (tests.support.kafka_proxy).
+CREATE_TOPICS, DELETE_TOPICS, LIST_GROUPS, DESCRIBE_CONFIGS = 19, 20, 16, 32
+
+
+@pytest.fixture
+def held() -> Iterator[tuple[TansuBroker, KafkaProxy]]:
+    """A broker whose clients all go through a proxy that can hold requests unanswered."""
+    port = free_port()
+    proxy = KafkaProxy(port).start()
+    broker = TansuBroker(port=port, advertised=proxy.port)
+    broker.start()
+    try:
+        yield broker, proxy
+    finally:
+        broker.stop()
+        proxy.close()
+
+
+def test_a_broker_that_never_answers_is_an_admin_error_not_a_traceback(
+    held: tuple[TansuBroker, KafkaProxy],
+) -> None:
+    """A create or delete the broker never answers raised concurrent.futures'
+    TimeoutError (rafka-topics: a traceback); one DescribeConfigs it never answers now
+    leaves the settings unknown, as on a broker without it."""
+    broker, proxy = held
+    topic = broker.create_topic(1)
+
+    async def body() -> None:
+        async with admin_on(broker.bootstrap, timeout=1.0) as admin:
+            proxy.drop.add(DESCRIBE_CONFIGS)
+            described = await admin.describe(topic)
+            assert described.config == {}
+            assert [p.partition for p in described.partitions] == [0]
+            proxy.drop.update({CREATE_TOPICS, DELETE_TOPICS})
+            with pytest.raises(AdminError, match=r"^cannot create topic new-one: "):
+                await admin.create_topic("new-one", 1, {})
+            with pytest.raises(AdminError, match=rf"^cannot delete topic {topic}: "):
+                await admin.delete_topic(topic)
+
+    run(body())
+    assert set(proxy.dropped) == {DESCRIBE_CONFIGS, CREATE_TOPICS, DELETE_TOPICS}
+
+
+def test_groups_that_cannot_be_listed_are_an_error_not_left_out(
+    held: tuple[TansuBroker, KafkaProxy],
+) -> None:
+    """list_consumer_groups reports a broker's failure in its result, not by raising:
+    the description came without the group and its lag, with exit status 0."""
+    broker, proxy = held
+    topic = broker.create_topic(1)
+    consumer = RawConsumer({"bootstrap.servers": broker.bootstrap, "group.id": "committed"})
+    consumer.commit(offsets=[TopicPartition(topic, 0, 0)], asynchronous=False)
+    consumer.close()
+
+    async def body() -> None:
+        async with admin_on(broker.bootstrap, timeout=1.0) as admin:
+            shown = await admin.describe(topic)
+            assert [g.group for g in shown.groups] == ["committed"]
+            proxy.drop.add(LIST_GROUPS)
+            with pytest.raises(AdminError, match=r"^cannot list the consumer groups: "):
+                await admin.describe(topic)
+
+    run(body())
+    assert LIST_GROUPS in proxy.dropped

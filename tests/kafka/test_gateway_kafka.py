@@ -355,7 +355,9 @@ def test_batches_and_commit_on_close(server: ServerThread, tansu: TansuBroker) -
 
 def test_librdkafka_config_overrides(server: ServerThread, tansu: TansuBroker) -> None:  # E17
     topic = tansu.create_topic(1)
-    for bad in ({"foo": "bar"}, {"session.timeout.ms": True}):
+    # `logger`: confluent-kafka's key for a Python object; as a string every poll failed
+    # (`ERR internal error` for each BLPOP) instead of the registration.
+    for bad in ({"foo": "bar"}, {"session.timeout.ms": True}, {"logger": "x"}):
         consumer = Consumer(server, gid(), topic, config=bad)
         with pytest.raises(redis.ResponseError, match=r"^CONS Failed to register Consumer"):
             consumer.consume(1)

@@ -28,22 +28,26 @@ def tansu_binary() -> Path:
 class TansuBroker:
     """A Tansu broker on 127.0.0.1:`port` with in-memory storage."""
 
-    def __init__(self, port: int | None = None, startup_timeout: float = 10.0) -> None:
+    def __init__(
+        self, port: int | None = None, startup_timeout: float = 10.0, advertised: int | None = None
+    ) -> None:
+        """`advertised`: the port clients are told to connect to after bootstrapping (a
+        proxy's, to see or hold their every request), else `port`."""
         self.port = port or free_port()
         self.bootstrap = f"127.0.0.1:{self.port}"
+        self._advertised = advertised or self.port
         self._startup_timeout = startup_timeout
         self._child: Child | None = None
 
     def start(self) -> None:
-        url = f"tcp://127.0.0.1:{self.port}"
         self._child = start_listening(
             [
                 str(tansu_binary()),
                 "broker",
                 "--listener-url",
-                url,
+                f"tcp://127.0.0.1:{self.port}",
                 "--advertised-listener-url",
-                url,
+                f"tcp://127.0.0.1:{self._advertised}",
                 "--storage-engine",
                 "memory://tansu/",
             ],
