@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+from typing import Self
 
 
 class TcpProxy:
@@ -35,7 +36,7 @@ class TcpProxy:
         self._threads: list[threading.Thread] = []
         self._closed = False
 
-    def start(self) -> TcpProxy:
+    def start(self) -> Self:
         self._spawn(self._accept)
         return self
 
@@ -75,9 +76,13 @@ class TcpProxy:
                 return False
             self._pairs.append((client, server))
             self.accepted += 1
-        self._spawn(self._pump, client, server, self.hold_after)
+        self._spawn(self._upstream, client, server)
         self._spawn(self._pump, server, client, None)
         return True
+
+    def _upstream(self, client: socket.socket, server: socket.socket) -> None:
+        """What the client sends, to the server (subclasses may hold some of it back)."""
+        self._pump(client, server, self.hold_after)
 
     def _pump(self, source: socket.socket, sink: socket.socket, limit: int | None) -> None:
         forwarded = 0
@@ -92,9 +97,7 @@ class TcpProxy:
                 forwarded += len(data)
         except OSError:
             pass
-        for sock in (source, sink):
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
+        shut_down(source, sink)
 
     def cut(self) -> int:
         """Close every current connection at both ends; returns how many."""
@@ -123,3 +126,9 @@ class TcpProxy:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def shut_down(*socks: socket.socket) -> None:
+    for sock in socks:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
