@@ -52,6 +52,9 @@ def server_context(config: Config) -> ssl.SSLContext | None:
     _readable("tls-key-file", key)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
+    # A TLS 1.2 client asking for handshake after handshake costs the server a handshake
+    # each (OpenSSL 3 refuses them unless allowed; older ones did not).
+    context.options |= ssl.OP_NO_RENEGOTIATION
     try:
         context.load_cert_chain(cert, key, password=_no_pass_phrase)
     except ConfigError as error:

@@ -361,3 +361,34 @@ def test_a_clean_tls_close_releases_the_connection_quietly(
     raw.sock.unwrap().close()
     wait_until(lambda: tls_server.server.connections == 0, 5, "the TLS connection is released")
     assert not [r for r in caplog.records if r.name == "asyncio"], caplog.text
+
+
+def test_a_client_cannot_renegotiate(tls_server: ServerThread, certs: Certs) -> None:
+    """Each renegotiation a TLS 1.2 client asks for is a handshake the server pays for:
+    refused (openssl s_client's `R` asks for one between two PINGs)."""
+    ping = b"PING\r\n"
+    session = subprocess.Popen(
+        [
+            *("openssl", "s_client", "-tls1_2", "-connect", f"127.0.0.1:{tls_server.tls_port}"),
+            *("-CAfile", str(certs.ca), "-servername", "127.0.0.1"),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    assert session.stdin is not None and session.stdout is not None
+    try:
+        session.stdin.write(ping)
+        session.stdin.flush()
+        seen = b""
+        while b"+PONG" not in seen:  # s_client prints the reply: the session is up
+            line = session.stdout.readline()
+            assert line, f"s_client ended before the first PONG: {seen.decode()!r}"
+            seen += line
+        session.stdin.write(b"R\n" + ping)
+        out, _ = session.communicate(timeout=30)  # closes stdin: s_client ends
+    finally:
+        session.kill()
+    assert b"RENEGOTIATING" in out, out.decode()
+    assert b"no renegotiation" in out, f"the server renegotiated: {out.decode()!r}"
+    assert b"+PONG" not in out, "the session went on after a refused renegotiation"
