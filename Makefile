@@ -3,7 +3,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-APT_PACKAGES := redis-server redis-tools ruby ruby-redis docker-compose openjdk-17-jre-headless
+APT_PACKAGES := redis-server redis-tools ruby ruby-redis docker-compose openjdk-17-jre-headless \
+	openssl
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PORT ?= 6380
 PYTEST_ARGS ?=
@@ -36,12 +37,12 @@ compiler:
 	fi
 
 # The tests drive real redis-server, redis-cli and redis-rb, and validate the compose file
-# with docker-compose (no Docker engine needed); PySpark needs a Java 17 runtime: install
-# them when missing.
+# with docker-compose (no Docker engine needed), renegotiate TLS with openssl s_client;
+# PySpark needs a Java 17 runtime: install them when missing.
 system-packages:
 	@if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null \
 	    || ! command -v redis-benchmark >/dev/null || ! command -v docker-compose >/dev/null \
-	    || ! command -v java >/dev/null \
+	    || ! command -v java >/dev/null || ! command -v openssl >/dev/null \
 	    || ! ruby -e 'require "redis"' >/dev/null 2>&1; then \
 	  echo "installing Debian packages: $(APT_PACKAGES)"; \
 	  $(SUDO) apt-get update -qq && \
