@@ -236,6 +236,13 @@ def test_batch_read_between_starting_and_ending_offsets(
 
     with pytest.raises(PySparkException, match="startingOffsets=latest is not allowed"):
         load(startingOffsets="latest")
+    # A partition the topic does not have (a typo): its offset was ignored.
+    with pytest.raises(
+        PySparkException, match=f"names partitions the query does not read: {topic}:9"
+    ):
+        load(startingOffsets=json.dumps({topic: {"0": 0, "9": 0}}))
+    with pytest.raises(PySparkException, match=f"endingOffsets names partitions .*{topic}:0"):
+        load(assign=json.dumps({topic: [1]}), endingOffsets=json.dumps({topic: {"0": 3}}))
 
 
 def test_records_produced_while_a_latest_stream_starts_are_read(

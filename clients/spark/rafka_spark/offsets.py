@@ -198,9 +198,17 @@ def resolve(
     wanted: str | Offsets,
     heads: Mapping[tuple[str, int], int],
     unnamed: int = EARLIEST,
+    option: str = "startingOffsets",
 ) -> Offsets:
     """`wanted` (earliest, latest or per-partition JSON) as offsets of every partition in
-    `heads`; partitions the JSON does not name get `unnamed` (EARLIEST or LATEST)."""
+    `heads`; partitions the JSON does not name get `unnamed` (EARLIEST or LATEST). JSON
+    naming a partition the query does not read (a typo would go unnoticed: its offset
+    ignored) is refused, as spark-sql-kafka refuses it."""
+    if isinstance(wanted, dict):
+        named = {(topic, int(p)) for topic, parts in wanted.items() for p in parts}
+        if unknown := sorted(named - set(heads)):
+            where = ", ".join(f"{topic}:{partition}" for topic, partition in unknown)
+            raise OptionError(f"{option} names partitions the query does not read: {where}")
     offsets: Offsets = {}
     for (topic, partition), head in sorted(heads.items()):
         if wanted == "latest":

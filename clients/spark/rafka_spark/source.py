@@ -159,7 +159,7 @@ class RafkaBatchReader(DataSourceReader):
         with Reader(options.url) as reader:
             heads = next_offsets(reader, options)
             self.start = resolve(reader, options.starting, heads)
-            self.end = resolve(reader, options.ending, heads, unnamed=LATEST)
+            self.end = resolve(reader, options.ending, heads, LATEST, "endingOffsets")
 
     def partitions(self) -> list[OffsetRange]:
         return _ranges(self.start, self.end)
