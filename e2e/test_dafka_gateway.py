@@ -109,56 +109,6 @@ def test_a_store_wide_retention_in_bytes_keeps_a_quiet_groups_commit(tmp_path: P
     assert [offset for _, offset, _ in again] == [5], f"the quiet group's commit was lost: {again}"
 
 
-@pytest.mark.parametrize("acks", [True, False], ids=["acking", "holding-unacked"])
-def test_a_connected_group_behind_retention_goes_on_from_the_oldest_record(
-    tmp_path: Path, acks: bool
-) -> None:
-    """A member that stays connected but reads slower than the topic's retention: once
-    retention took the records after what its group holds, the group goes on from the
-    oldest record the stores keep (as Kafka's auto.offset.reset does whenever an offset is
-    out of range), whether or not the member acked what it took. Only a group that had
-    delivered nothing yet used to: this one asked for its next record for ever, and
-    BLPOP answered nil while the stores held records."""
-    data = tmp_path / "data"
-    settings = {
-        "store/topics/p1-slow/retention/bytes": "400",
-        "store/retention/check_interval": "100",
-    }
-    document = dafka_document(data, group_buffer=16, settings=settings)
-    db = data / "store-0" / "db"
-    server = RafkaProcess(write(tmp_path / "rafka.json", document))
-    server.start()
-    client = redis.Redis(port=server.port, client_name="slow:c1", socket_timeout=WAIT)
-
-    def oldest_held() -> int:
-        keys = [key for key, _ in store_entries(db, b"Mp1-slow\0") or []]
-        return int.from_bytes(keys[0][-8:], "big") if keys else -1
-
-    offsets: list[int] = []
-    try:
-        produce(server.port, "p1-slow", [f"r{i:03d}" for i in range(5)])
-        reply = client.blpop(["topics:p1-slow"], WAIT)
-        assert reply is not None and int(reply[reply.index(b"offset") + 1]) == 0
-        if acks:
-            client.execute_command("RPUSH", "acks", "p1-slow:0:0")
-        produce(server.port, "p1-slow", [f"r{i:03d}" for i in range(5, 300)])
-        wait_until(lambda: oldest_held() > 100, WAIT, "retention never trimmed p1-slow")
-        while not offsets or offsets[-1] != 299:  # what the group holds, then what is kept
-            reply = client.blpop(["topics:p1-slow"], 10)
-            if reply is None:
-                break
-            offsets.append(int(reply[reply.index(b"offset") + 1]))
-            if acks:
-                client.execute_command("RPUSH", "acks", f"p1-slow:0:{offsets[-1]}")
-    finally:
-        client.close()
-        server.kill()
-    assert offsets and offsets[-1] == 299, (
-        f"the group got offsets {offsets[:3]}...{offsets[-3:]}, then nothing for 10 s"
-    )
-    assert offsets == sorted(set(offsets)), "a record came twice or out of order"
-
-
 def test_kill_9_loses_no_dumped_record_and_leaves_no_orphan(tmp_path: Path) -> None:
     config = write(tmp_path / "rafka.json", dafka_document(tmp_path / "data"))
     server = RafkaProcess(config)

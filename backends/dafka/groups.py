@@ -340,15 +340,11 @@ class Group:
                 # and for this answer there.
                 return
             part.credit -= 1
-            if part.position != part.expected:
+            if not (part.expected == part.position == part.acked and seq > part.expected):
                 self.held -= 1  # its credit spent, nothing buffered
                 return
-            # The stores' oldest record: retention took the ones before, while the group
-            # was away or read slower than the retention. The buffer holds records from
-            # `position` on, and it is empty; what members hold unacked stays theirs.
-            if part.acked == part.position:
-                part.acked = seq
-            part.position = seq
+            # The stores' oldest record: retention took the ones before.
+            part.position = part.acked = seq
         else:
             part.credit -= 1
         part.buffer.append(content)

@@ -89,9 +89,7 @@ class _Cursor:
         self.part = part
         self.next = 0
         self.credit = 0
-        # May jump to the stores' oldest record (retention): until its first record, and
-        # again once a FETCH timed out with only later records answered.
-        self.fresh = False
+        self.fresh = False  # may jump to the stores' oldest record (retention)
         # With `fresh`: the lowest later record the stores answered with since the FETCH
         # went out, and whether one of those answers can only be to a FETCH from at or
         # below `next` (`proven`: the others may answer another cursor's FETCH from past
@@ -317,12 +315,6 @@ class _Actor:
                         cursor.missed = cursor.candidate > cursor.next and cursor.proven
                     # The next FETCH must bring later records of its own.
                     cursor.candidate, cursor.proven = -1, False
-                elif cursor.candidate > cursor.next:
-                    # The stores answered with later records, not with its next one:
-                    # retention may have taken it while the group read slowly. Proved as
-                    # a fresh cursor proves it (no FETCH past `next` meanwhile).
-                    cursor.fresh = True
-                    cursor.candidate, cursor.proven, cursor.missed = -1, False, False
                 cursor.fetch_end = 0  # lost or partly answered: ask again
                 self._pump(cursor, now)
             apply_events(beacon.tick(now), self.sub)
@@ -556,8 +548,6 @@ class _Actor:
                         cursor.candidate = seq if candidate < 0 else min(candidate, seq)
                         if not cursor.proven:
                             cursor.proven = not part.asked_by_another(cursor.key, cursor.next, seq)
-                    elif cursor.candidate < 0:
-                        cursor.candidate = seq  # see the FETCH timeouts in _serve
                 elif seq < cursor.next + cursor.credit:
                     cursor.held[seq] = content
                 if not moved:
