@@ -169,11 +169,21 @@ def test_embedded_gateway_data_directory(tmp_path: Path) -> None:
             with pytest.raises(redis.ResponseError, match=gone):
                 reader.lrange(f"topics:live:{partition}", 0, -1)
             assert reader.lrange(f"topics:live:{partition}", following, -1) == []
-        reader.close()
         assert ok(*where, "--list", "--exclude-internal") == "later\n"
         fails(*where, "--describe", "--topic", "live", match="'live' does not exist")
         fails(*where, "--delete", "--topic", "live", match="'live' does not exist")
         assert records_of(data / "store-0" / "db", "later") == 20, "another topic lost records"
+        # Created again: what the deletion took stays gone, still answered at once.
+        creates = gateway.stderr().count("topic created (rafka-topics)")
+        assert ok(*where, "--create", "--topic", "live", "--partitions", "3")
+        wait_until(
+            lambda: gateway.stderr().count("topic created (rafka-topics)") > creates,
+            WAIT,
+            "the running gateway did not follow the second create",
+        )
+        for partition, (_, following) in partitions(out).items():
+            assert reader.llen(f"topics:live:{partition}") == following
+        reader.close()
     finally:
         gateway.kill()
 

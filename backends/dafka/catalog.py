@@ -154,6 +154,9 @@ class Catalog:
 
     def __init__(self) -> None:
         self._entries: dict[str, TopicEntry] = {}
+        # topic -> partition address -> the highest head a deletion dropped records to:
+        # kept when the topic is created again (those records stay gone).
+        self._dropped: dict[str, dict[str, int]] = {}
 
     def apply(self, content: bytes, *, again: bool = False) -> TopicEntry | None:
         """Apply one record; return its entry when it is now the topic's latest (None:
@@ -164,6 +167,10 @@ class Catalog:
         except ValueError as error:
             log.error("unreadable topic catalog record skipped", error=str(error))
             return None
+        if entry.deleted:  # whether or not it is the latest: its records went
+            dropped = self._dropped.setdefault(entry.topic, {})
+            for address, head in entry.heads.items():
+                dropped[address] = max(head, dropped.get(address, -1))
         known = self._entries.get(entry.topic)
         if known is not None and (known.unix_ms > entry.unix_ms or (known == entry and not again)):
             return None  # older, or read again (a partition of the catalog found late)
@@ -172,6 +179,11 @@ class Catalog:
 
     def get(self, topic: str) -> TopicEntry | None:
         return self._entries.get(topic)
+
+    def dropped_through(self, topic: str, address: str) -> int:
+        """The offset up to which a deletion of `topic` dropped the partition's records
+        (-1: none)."""
+        return self._dropped.get(topic, {}).get(address, -1)
 
     def partitions(self, topic: str) -> int | None:
         """The partition count of a topic created (and not deleted since), else None."""

@@ -766,9 +766,8 @@ class DafkaEngine(Engine):
         """The oldest offset the stores keep: 0, unless retention or a deletion took
         records; then our stores answer a FETCH of 0 with their oldest record, which the
         reader jumps to. Past `head` when the topic was deleted through it."""
-        entry = self.catalog.get(topic)
-        if entry is not None and entry.deleted and head <= entry.heads.get(address, -1):
-            return head + 1  # the stores dropped every record of it, its head's too
+        if head <= self.catalog.dropped_through(topic, address):
+            return head + 1  # a deletion dropped every record of it, its head's too
         oldest = await self._fetch(topic, address, 0, 1, head, jump=True)
         if not oldest:
             # Retention never takes a partition's head record, nor does a deletion once
