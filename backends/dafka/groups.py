@@ -460,7 +460,9 @@ class Group:
         part = self.by_number.get((topic, number))
         if part is None or part.owner is not member:
             raise AckError(NOT_ASSIGNED)
-        part.acked = offset + 1
+        # Never past what was handed out: an ack of an offset past it (a typo, another
+        # topic's offset) was committed, and the group skipped every record up to it.
+        part.acked = min(offset + 1, part.position)
         part.dirty = True
 
     def commits_held_back(self, member: Member) -> bool:
