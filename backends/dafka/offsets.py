@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 import structlog
 
@@ -36,21 +36,27 @@ Entry = tuple[str, str, int, int]  # group, topic, partition, next offset
 
 class CommitLog:
     def __init__(self) -> None:
-        # (group, topic, partition) -> (next offset, unix ms)
-        self._offsets: dict[tuple[str, str, int], tuple[int, int]] = {}
+        # (group, topic) -> partition -> (next offset, unix ms): a join looks up its topics
+        # without walking every group's entries (200,000 of them held the loop 15 s).
+        self._offsets: dict[tuple[str, str], dict[int, tuple[int, int]]] = {}
 
     def committed(self, group: str, topic: str) -> dict[int, int]:
-        return {p: o for (g, t, p), (o, _) in self._offsets.items() if g == group and t == topic}
+        return {p: o for p, (o, _) in self._offsets.get((group, topic), {}).items()}
+
+    def _rows(self) -> Iterator[tuple[str, str, int, int, int]]:
+        for (group, topic), parts in self._offsets.items():
+            for partition, (offset, when) in parts.items():
+                yield group, topic, partition, offset, when
 
     def all(self) -> list[Entry]:
-        return [(g, t, p, o) for (g, t, p), (o, _) in self._offsets.items()]
+        return [(g, t, p, o) for g, t, p, o, _ in self._rows()]
 
     def encode(self, entries: Iterable[Entry]) -> bytes:
         """One commit record; applies the entries here too."""
         now = int(time.time() * 1000)
         rows = []
         for group, topic, partition, offset in entries:
-            self._offsets[(group, topic, partition)] = (offset, now)
+            self._offsets.setdefault((group, topic), {})[partition] = (offset, now)
             rows.append([group, topic, partition, offset, now])
         return json.dumps(rows, separators=(",", ":")).encode()
 
@@ -60,34 +66,38 @@ class CommitLog:
         not follow since, and stamped now they overrode those gateways' later commits at
         their next load (a group rewound to where it was at this gateway's start); and
         how many entries it holds."""
-        rows = [[g, t, p, o, when] for (g, t, p), (o, when) in self._offsets.items()]
+        rows = [list(row) for row in self._rows()]
         return json.dumps(rows, separators=(",", ":")).encode(), len(rows)
 
     def apply(self, content: bytes) -> None:
         try:
             rows = json.loads(content)
             for group, topic, partition, offset, when in rows:
-                key = (str(group), str(topic), int(partition))
-                known = self._offsets.get(key)
+                parts = self._offsets.setdefault((str(group), str(topic)), {})
+                known = parts.get(int(partition))
                 if known is None or int(when) >= known[1]:
-                    self._offsets[key] = (int(offset), int(when))
+                    parts[int(partition)] = (int(offset), int(when))
         except (ValueError, TypeError) as error:
             log.error("unreadable commit record skipped", error=str(error))
 
     def forget(self, topic: str, before_ms: int) -> int:
         """Drop the entries of `topic` committed before `before_ms` (the topic was deleted
         then, as Kafka drops a deleted topic's offsets); returns how many."""
-        stale = [
-            key for key, (_, when) in self._offsets.items() if key[1] == topic and when < before_ms
-        ]
-        for key in stale:
-            del self._offsets[key]
-        return len(stale)
+        dropped = 0
+        for key, parts in list(self._offsets.items()):
+            if key[1] != topic:
+                continue
+            for partition in [p for p, (_, when) in parts.items() if when < before_ms]:
+                del parts[partition]
+                dropped += 1
+            if not parts:
+                del self._offsets[key]
+        return dropped
 
     def load(self, config: Config, heads: dict[str, int], timeout: float) -> None:
         """Blocking: read every partition of the offsets topic up to `heads`."""
         read_partitions(config, OFFSETS_TOPIC, heads, timeout, self.apply, "committed offsets")
-        log.info("committed offsets loaded", entries=len(self._offsets))
+        log.info("committed offsets loaded", entries=sum(map(len, self._offsets.values())))
 
 
 def read_partitions(
