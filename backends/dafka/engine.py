@@ -556,12 +556,17 @@ class DafkaEngine(Engine):
                 check_topic(topic)
             except ValueError as error:
                 raise ConsumerCreationError(str(error)) from None
+        # `latest`: after the heads the stores answer now. Known before the join, they
+        # tell the partitions that exist from those found later (which start at their
+        # beginning); else the join guesses for a settling time, and a partition whose
+        # first records came meanwhile lost them.
+        heads_known = reset == "latest" and await self._heads_answered(set(topics))
         state = self._groups.get(group)
         if state is None:
             state = self._groups[group] = Group(self, group)
         member = Member(self, state, name, topics, reset)
         try:
-            await state.join(member)
+            await state.join(member, heads_known)
         except Exception as error:
             if not state.members:
                 await state.close()  # a group made for this member only: nothing kept
@@ -805,15 +810,25 @@ class DafkaEngine(Engine):
         return records
 
     async def _fresh_heads(self, topic: str) -> None:
-        """Ask every store for the heads of `topic` and wait until they answered."""
-        observer = self.observer
-        observer.ask({topic})
         try:
-            await asyncio.to_thread(
-                observer.wait_settled, self._network.stores, self._metadata_timeout
-            )
+            await self._ask_heads({topic})
         except NotSettled as error:
             raise ReadError(str(error)) from None
+
+    async def _heads_answered(self, topics: set[str]) -> bool:
+        try:
+            await self._ask_heads(topics)
+        except NotSettled:
+            return False
+        return True
+
+    async def _ask_heads(self, topics: set[str]) -> None:
+        """Ask every store for the heads of `topics` and wait until they answered (else
+        NotSettled after metadata_timeout)."""
+        self.observer.ask(topics)
+        await asyncio.to_thread(
+            self.observer.wait_settled, self._network.stores, self._metadata_timeout
+        )
 
     async def _fetch(
         self, topic: str, address: str, start: int, count: int, head: int, jump: bool = False

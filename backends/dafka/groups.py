@@ -123,8 +123,11 @@ class Group:
 
     # --- membership ------------------------------------------------------------------
 
-    async def join(self, member: Member) -> None:
-        if member.reset == "latest":
+    async def join(self, member: Member, heads_known: bool = False) -> None:
+        """`heads_known`: the observer holds every store's answer for the member's topics
+        (partitions found later are new); else, for a `latest` member, those found within
+        the settling time are taken for existing ones, started past their head."""
+        if member.reset == "latest" and not heads_known:
             self._latest_until = self._loop.time() + self.engine.settle
         # Shared by the partitions known already before any starts: the first would
         # otherwise get the whole buffer.

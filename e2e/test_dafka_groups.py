@@ -1,10 +1,14 @@
-"""Acks on the embedded Dafka engine through a real `rafka`: an ack of an offset never
-handed out (a client's typo, an offset of another topic) must not move the group past
-records it never delivered. It was accepted as it came: committed as far as the stores
-held (and further as records came), or, after a restart (the clamp to what the stores
-hold covers only partitions this run wrote), past the head, where the group's next
-member waited for ever. Kafka answers such a commit with OFFSET_OUT_OF_RANGE and resets;
-here the ack counts up to what was handed out."""
+"""Consumer groups on the embedded Dafka engine through a real `rafka`.
+
+Acks: an ack of an offset never handed out (a client's typo, an offset of another topic)
+must not move the group past records it never delivered. It was accepted as it came:
+committed as far as the stores held (and further as records came), or, after a restart
+(the clamp to what the stores hold covers only partitions this run wrote), past the
+head, where the group's next member waited for ever. Kafka answers such a commit with
+OFFSET_OUT_OF_RANGE and resets; here the ack counts up to what was handed out.
+
+`latest`: a group starts after the heads the stores hold when it joins, and partitions
+found later at their beginning."""
 
 from __future__ import annotations
 
@@ -97,3 +101,24 @@ def test_an_ack_past_the_head_after_a_restart_skips_nothing(config: Path) -> Non
     finally:
         server.kill()
     assert got == [1, 2, 3, 4, 5], f"the group skipped records: {got}"
+
+
+def test_a_latest_group_gets_the_first_records_of_partitions_found_after_it_joined(
+    gateway: RafkaProcess,
+) -> None:
+    """For a settling time after a `latest` join, a partition found (its first records,
+    written after the join) was taken for one that existed and started past its head:
+    those records never reached the group. The heads are asked before the join now."""
+    topic = f"p4-{uuid.uuid4().hex[:6]}"
+    produce(gateway.port, topic, ["old"], key="k0")  # one partition exists
+    client = member(gateway.port, "late")
+    key = f'topics:{topic}:{{"auto.offset.reset":"latest"}}'
+    assert client.execute_command("BLMPOP", "0.01", "1", key, "LEFT", "COUNT", "10") is None
+    new = [f"new{k}" for k in range(1, 16)]  # 15 keys: most of the other 3 partitions
+    for k, value in enumerate(new, start=1):
+        produce(gateway.port, topic, [value], key=f"k{k}")
+    got: list[bytes] = []
+    while reply := client.execute_command("BLMPOP", "2", "1", key, "LEFT", "COUNT", "100"):
+        got += [record[record.index(b"value") + 1] for record in reply[1]]
+    client.close()
+    assert sorted(got) == sorted(value.encode() for value in new)
