@@ -643,7 +643,8 @@ class ProducerHandle(Producer):
 
     async def wait_for_room(self, timeout: float) -> None:
         # Writers make room when a store acknowledges (or a writer fails): both call
-        # engine.progress() on this loop, so none can come between the refusal and here.
+        # engine.progress() on this loop. Progress may come between a refusal and this
+        # wait (the waiting task starts a pass later): the caller tries again first.
         await self._engine.wait_progress(timeout)
 
     def outstanding(self) -> int:

@@ -283,7 +283,8 @@ async def _when_room(
     deadline = time.monotonic() + session.ctx.config.produce_block_timeout
     try:
         while True:
-            await producer.wait_for_room(deadline - time.monotonic())
+            # Tried first: room that came between the refusal and this task's start (the
+            # ACKs delivered while the loop ran the refused command) woke no one.
             try:
                 producer.produce_many(topic, key, values)
                 return count
@@ -293,6 +294,7 @@ async def _when_room(
                     raise errors.from_engine(full) from None
             except ProduceError as error:
                 raise errors.from_engine(error) from None
+            await producer.wait_for_room(deadline - time.monotonic())
     finally:
         session.stop_reading = False
 
