@@ -174,3 +174,38 @@ def test_hostile_clients_leave_memory_bounded_and_others_served(
         assert growth < RSS_GROWTH_BOUND, f"RSS grew by {growth / 2**20:.1f} MiB"
         assert worst < PROMPT, f"a bystander's PING took {worst:.2f}s"
         assert ping_time(bystander) < PROMPT
+
+
+KEYS = 200
+KEY_SIZE = 1024 * 1024  # well under max_bulk_length (32,768,000)
+
+
+def test_large_keys_are_not_kept_once_their_records_are_stored_and_the_client_left(
+    server: RafkaProcess,
+) -> None:
+    """200 keyed RPUSHX, each with a key of its own of 1 MiB, DUMPed, then the client
+    leaves: the gateway's cache of parsed RPUSHX keys (4,096 entries whatever their size)
+    and the Dafka engine's cache of writers by (topic, key) kept each key, ~2 MiB a key,
+    407 MiB here (with keys of 32 MB, up to 256 GiB). Keys over 1 KiB are not cached."""
+    assert server.child is not None
+    pid = server.child.pid
+    with Raw(server.port, timeout=60) as raw:
+        raw.command("RPUSHX", "topics:p4-keys:warm-up", "w")
+        assert raw.read_reply() == 1
+        raw.command("DUMP", "10000")
+        assert raw.read_reply() == 0
+    before = rss(pid)
+    with Raw(server.port, timeout=120) as raw:
+        for n in range(KEYS):
+            raw.command("RPUSHX", b"topics:p4-keys:" + (b"%07d" % n) * (KEY_SIZE // 7), b"v")
+            assert raw.read_reply() == 1
+        raw.command("DUMP", "30000")
+        assert raw.read_reply() == 0, "every record stored"
+    # What is freed is given back at once (1 MiB objects are mmap'ed): the growth falls
+    # under the bound once the connection's session is released.
+    wait_until(
+        lambda: rss(pid) - before < RSS_GROWTH_BOUND,
+        5,
+        f"the gateway still holds over {RSS_GROWTH_BOUND >> 20} MiB more once {KEYS} keyed "
+        "RPUSHX of 1 MiB keys were stored and their connection closed",
+    )

@@ -428,7 +428,9 @@ class DafkaEngine(Engine):
             # Keyed, or of a one-partition topic: the same writer in every pass until the
             # catalog changes the topic's count. A pipeline over 1,000 topics meets each
             # topic once or twice a pass: looked up anew, that was 17% of the loop.
-            if key is not None or self._produce_counts.get(topic) == 1:
+            if (key is not None or self._produce_counts.get(topic) == 1) and (
+                key is None or len(key) <= 1024  # not 4,096 keys of up to 32 MB
+            ):
                 if len(self._writers_fixed) >= _FIXED_WRITERS_MAX:
                     self._writers_fixed.clear()
                 self._writers_fixed[target] = writer

@@ -39,6 +39,7 @@ Target = tuple[str, bytes | None]  # an RPUSHX key's topic and partition key
 # cleared when full, so a client cycling through keys costs a re-parse.
 _TARGETS: dict[bytes, Target] = {}
 _TARGETS_MAX = 4096
+_TARGET_KEY_MAX = 1024  # bytes of an RPUSHX key worth caching
 
 
 def _target(raw: bytes) -> Target:
@@ -48,9 +49,10 @@ def _target(raw: bytes) -> Target:
         raise errors.rpushx_form()
     # Rafka does not check the prefix: `x:foo` produces to `foo` too.
     target = (text(parts[1]), parts[2] if len(parts) == 3 else None)
-    if len(_TARGETS) >= _TARGETS_MAX:
-        _TARGETS.clear()
-    _TARGETS[raw] = target
+    if len(raw) <= _TARGET_KEY_MAX:  # a few keys of 32 MB each must not stay here
+        if len(_TARGETS) >= _TARGETS_MAX:
+            _TARGETS.clear()
+        _TARGETS[raw] = target
     return target
 
 
