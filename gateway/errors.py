@@ -159,6 +159,10 @@ def rpushx_arity(count: int) -> RespError:
     return prod(f"RPUSHX accepts 2 arguments, got {count}")
 
 
+def invalid_topic() -> RespError:
+    return prod("Broker: Invalid topic")
+
+
 def rpushx_form() -> RespError:
     return prod("First argument must be in the form of 'topics:<topic>' or 'topics:<topic>:<key>'")
 

@@ -17,7 +17,7 @@ from backends.base import (
     Run,
 )
 from gateway import errors
-from gateway.commands.base import Answer, Reply, text
+from gateway.commands.base import Answer, Reply
 from gateway.goparse import GoParseError, parse_int
 from gateway.session import Session
 
@@ -48,7 +48,11 @@ def _target(raw: bytes) -> Target:
     if len(parts) not in (2, 3):
         raise errors.rpushx_form()
     # Rafka does not check the prefix: `x:foo` produces to `foo` too.
-    target = (text(parts[1]), parts[2] if len(parts) == 3 else None)
+    try:
+        topic = parts[1].decode("utf-8")
+    except UnicodeDecodeError:  # as text(), two names would have been one topic
+        raise errors.invalid_topic() from None
+    target = (topic, parts[2] if len(parts) == 3 else None)
     if len(raw) <= _TARGET_KEY_MAX:  # a few keys of 32 MB each must not stay here
         if len(_TARGETS) >= _TARGETS_MAX:
             _TARGETS.clear()

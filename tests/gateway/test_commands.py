@@ -239,6 +239,11 @@ def test_rpushx_errors(server: ServerThread) -> None:  # A9, G6
                 b"-PROD First argument must be in the form of 'topics:<topic>' or "
                 b"'topics:<topic>:<key>'\r\n"
             )
+        # A topic that is not UTF-8: read as text with its bad bytes replaced, topics:a\xff
+        # and topics:a\xfe were one topic (Kafka refuses such names).
+        for bad in (b"topics:a\xff", b"topics:a\xfe:k"):
+            raw.command(b"RPUSHX", bad, b"a msg")
+            raw.expect(b"-PROD Broker: Invalid topic\r\n")
 
 
 def test_dump(server: ServerThread, topic: str) -> None:  # A10
