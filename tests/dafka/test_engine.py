@@ -699,3 +699,49 @@ def test_a_join_looks_up_its_commits_without_walking_every_groups(network: Confi
             assert engine.offsets.committed("g0", "t7") == {0: 10, 1: 10, 2: 10, 3: 10}
 
     run(body())
+
+
+def test_partitions_found_while_two_members_read_do_not_rebalance_the_whole_group_each(
+    network: Config,
+) -> None:
+    """A group of two members over 1,000 topics: each partition found (a topic's first
+    records) ran a whole rebalance of every partition the group held, quadratic in the
+    partitions: the loop stalled 9.4 s while the topics' first records came. Now its
+    topic's only: 0.05 s here; the bound leaves CI's slower machines room."""
+
+    async def body() -> None:
+        async with engine_on(network, partitions=4) as engine:
+            topics = [f"t{t}" for t in range(1000)]
+            a = await engine.consumer("g", "a", topics, {})
+            b = await engine.consumer("g", "b", topics, {})
+            worst = 0.0
+            stop = asyncio.Event()
+
+            async def probe() -> None:
+                nonlocal worst
+                loop = asyncio.get_running_loop()
+                while not stop.is_set():
+                    at = loop.time()
+                    await asyncio.sleep(0.01)
+                    worst = max(worst, loop.time() - at - 0.01)
+
+            prober = asyncio.create_task(probe())
+            producer = engine.producer("s")
+            for topic in topics:
+                for key in range(8):  # most of the 4 partitions of each
+                    producer.produce(topic, b"k%d" % key, b"v")
+                await asyncio.sleep(0)
+            assert await producer.flush(30) == 0
+            group = engine._groups["g"]
+            deadline = asyncio.get_running_loop().time() + 60
+            while len(group.parts) < 3000 and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.05)
+            stop.set()
+            await prober
+            found = len(group.parts)
+            await a.close()
+            await b.close()
+            assert found >= 3000, found
+            assert worst < 1.0, f"the event loop stalled {worst:.1f} s ({found} partitions)"
+
+    run(body())
