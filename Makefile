@@ -11,10 +11,10 @@ PYTEST_ARGS ?=
 BENCH_ARGS ?=
 SOAK_ARGS ?=
 
-.PHONY: run test test-fast venv compiler system-packages lint typecheck compose-check pytest bench \
+.PHONY: run test test-fast venv venv-support compiler system-packages lint typecheck compose-check pytest bench \
 	bench-dafka bench-tls bench-push bench-idle bench-growth soak bench-spark pipeline clean
 
-$(STAMP): pyproject.toml setup.py backends/dafka/_zmqbatch.c gateway/resp/_repeat.c | compiler
+$(STAMP): pyproject.toml setup.py backends/dafka/_zmqbatch.c gateway/resp/_repeat.c | compiler venv-support
 	$(PYTHON) -m venv $(VENV)
 	@# A C source that no longer compiles must not leave the last build in use.
 	rm -f backends/dafka/_zmqbatch.*.so gateway/resp/_repeat.*.so
@@ -23,6 +23,14 @@ $(STAMP): pyproject.toml setup.py backends/dafka/_zmqbatch.c gateway/resp/_repea
 	touch $@
 
 venv: $(STAMP)
+
+# `python3 -m venv` needs ensurepip, which Debian's own Python ships apart (python3-venv).
+venv-support:
+	@if ! $(PYTHON) -c 'import ensurepip' >/dev/null 2>&1; then \
+	  echo "installing Debian packages: python3-venv"; \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq python3-venv; \
+	fi
 
 # The C fast paths (setup.py: the Dafka engine's, the request parser's) need a C compiler
 # and Python's headers; without them the install still succeeds, on the slower Python paths.
