@@ -78,6 +78,7 @@ FETCH_SETTLE = 0.2  # a read that got records and no more for this long is compl
 # (topic, key) pairs whose writer is kept across loop passes at most (then forgotten
 # all at once): keys are the clients' and unbounded.
 _FIXED_WRITERS_MAX = 4096
+_FIXED_KEY_MAX = 1024  # bytes: longer keys are not kept (4,096 of 32 MB each)
 
 
 @dataclass(frozen=True)
@@ -428,9 +429,7 @@ class DafkaEngine(Engine):
             # Keyed, or of a one-partition topic: the same writer in every pass until the
             # catalog changes the topic's count. A pipeline over 1,000 topics meets each
             # topic once or twice a pass: looked up anew, that was 17% of the loop.
-            if (key is not None or self._produce_counts.get(topic) == 1) and (
-                key is None or len(key) <= 1024  # not 4,096 keys of up to 32 MB
-            ):
+            if self._produce_counts.get(topic) == 1 if key is None else len(key) <= _FIXED_KEY_MAX:
                 if len(self._writers_fixed) >= _FIXED_WRITERS_MAX:
                     self._writers_fixed.clear()
                 self._writers_fixed[target] = writer

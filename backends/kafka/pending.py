@@ -101,7 +101,8 @@ class Pending:
     def take(
         self, topic: str, key: bytes | None, value: bytes, size: int, callback: Callable[..., None]
     ) -> bool:
-        """Defer one record if librdkafka is sure to take it; False: produce it alone."""
+        """Defer one record if librdkafka is sure to take it; False: produce it alone.
+        defer() for one value, without its list (0.3 us less an unpipelined RPUSHX)."""
         if not self.reserve(1, size, size):
             return False
         if key is None:

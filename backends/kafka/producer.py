@@ -301,23 +301,15 @@ class ProducerHandle(Producer):
         count = len(values)
         if not count:
             return 0
+        # Deferred, all of them, when librdkafka surely takes them all; else all go
+        # alone, and the one refused says how many went in.
+        if self.produce_grouped(((topic, key, values),)):
+            return count
         # All first: a refusal below takes back the ones not enqueued.
         self._produced += count
         pending = self._pending
-        extra = 0 if key is None else len(key)
-        largest = max(map(len, values)) + extra
-        if (
-            topic in self._known
-            and largest <= pending.max_size
-            and pending.reserve(count, sum(map(len, values)) + extra * count, largest)
-        ):
-            # Deferred, all of them, when librdkafka surely takes them all; else all go
-            # alone, and the one refused says how many went in.
-            pending.defer(topic, key, values, self._delivery_cb)
-            self._shared.produced += count
-            return count
         pending.send()  # the records accepted before these go first
-        pending.saw(count, largest)
+        pending.saw(count, max(map(len, values)) + (0 if key is None else len(key)))
         rd_produce = self._rd_produce
         on_delivery = self._delivery_cb if topic in self._known else self._learning_cb
         enqueued = 0
@@ -337,10 +329,11 @@ class ProducerHandle(Producer):
         return count
 
     def produce_grouped(self, runs: Sequence[Run]) -> bool:
-        # A pipeline round-robin over many topics: every run deferred at once when
-        # librdkafka surely takes them all (as produce_many's values), instead of one
+        # A pipeline round-robin over many topics (or one run: produce_many): every run
+        # deferred at once when librdkafka surely takes them all, instead of one
         # produce() per value in order; a value of a topic not known yet, or too large,
-        # may be refused at produce() time: declined, the gateway then runs them in order.
+        # may be refused at produce() time: declined, the caller then produces them in
+        # order.
         if self._closed:
             return False
         known = self._known

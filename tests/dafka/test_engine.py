@@ -733,9 +733,9 @@ def test_partitions_found_while_two_members_read_do_not_rebalance_the_whole_grou
                 await asyncio.sleep(0)
             assert await producer.flush(30) == 0
             group = engine._groups["g"]
-            deadline = asyncio.get_running_loop().time() + 60
-            while len(group.parts) < 3000 and asyncio.get_running_loop().time() < deadline:
-                await asyncio.sleep(0.05)
+            await wait_until_async(
+                lambda: len(group.parts) >= 3000, 60, "the topics' partitions found"
+            )
             stop.set()
             await prober
             found = len(group.parts)
